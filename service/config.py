@@ -1,0 +1,79 @@
+"""Settings, read from the environment with the prefix ``CRUCIBLE_`` (pydantic-settings).
+
+Example: ``CRUCIBLE_DATABASE_URL=postgresql+psycopg://u:p@host/db crucible serve``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every tunable of the control plane, with units in the names."""
+
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_", extra="ignore")
+
+    data_dir: Path = Field(Path(".crucible"), description="Where the embedded SQLite file lives.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/crucible.db"
+    )
+    redis_url: str | None = Field(None, description="Redis URL for multi-replica coordination.")
+    deployment: str = Field(
+        "default",
+        description="Value of the crucible.deployment label; reconcile touches only these.",
+    )
+    docker_host: str | None = Field(None, description="Docker engine URL; default from env.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    image_prefix: str = Field("crucible", description="Repository prefix of sandbox images.")
+    images_dir: Path = Field(
+        Path(__file__).resolve().parent.parent / "sandbox_images",
+        description="Build contexts of the sandbox images.",
+    )
+    base_image: str | None = Field(
+        None,
+        description="BASE_IMAGE for builds, e.g. debian:bookworm-slim; default: a local "
+        "debootstrap image.",
+    )
+
+    pool_targets: dict[str, int] = Field(
+        default_factory=lambda: {"terminal": 2},
+        description="Warm pool target size per template.",
+    )
+    pool_refill_concurrency: int = Field(2, ge=1, le=64)
+    pool_interval_s: float = Field(0.5, gt=0, description="Pool maintainer tick.")
+    reaper_interval_s: float = Field(1.0, gt=0)
+
+    default_ttl_s: int = Field(600, ge=1)
+    max_ttl_s: int = Field(24 * 3600, ge=1)
+    max_exec_timeout_s: int = Field(3600, ge=1)
+    default_max_output_bytes: int = Field(1 << 20, ge=1)
+    max_output_bytes_limit: int = Field(16 << 20, ge=1)
+    max_upload_bytes: int = Field(64 << 20, ge=1)
+    max_fork_n: int = Field(64, ge=1)
+
+    default_quota_sandboxes: int = Field(32, ge=0)
+    default_quota_cpus: float = Field(32.0, ge=0)
+    default_quota_memory_mb: int = Field(64 * 1024, ge=0)
+
+    bootstrap_admin_key: str | None = Field(
+        None, description="If set, an admin key with this secret exists at start-up."
+    )
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The effective database URL (the embedded SQLite file when none is configured)."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'crucible.db').resolve()}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Process-wide settings, read once."""
+    return Settings()

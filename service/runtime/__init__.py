@@ -1,0 +1,19 @@
+"""Where sandboxes live: the ``SandboxRuntime`` protocol and its backends."""
+
+from service.runtime.base import (
+    ContainerInfo,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    SandboxRuntime,
+    SandboxSpec,
+)
+
+__all__ = [
+    "ContainerInfo",
+    "ExecChunk",
+    "ExecRequest",
+    "ExecResult",
+    "SandboxRuntime",
+    "SandboxSpec",
+]

@@ -1,0 +1,163 @@
+"""The ``SandboxRuntime`` protocol: the one seam between the control plane and a container engine.
+
+Everything above it (pools, API, verifiers) speaks in sandbox ids, specs and exec results;
+everything engine-specific (docker SDK today, Kubernetes later) lives below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+# Labels every container carries (DESIGN.md section 3).
+LABEL_SANDBOX_ID = "crucible.sandbox_id"
+LABEL_TEMPLATE = "crucible.template"
+LABEL_DEPLOYMENT = "crucible.deployment"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSpec:
+    """What to start: one container made from a template.
+
+    Units: ``cpus`` in CPUs (fractional allowed), ``memory_bytes`` is memory and
+    memory+swap (no swap), ``tmpfs`` maps a mount path to its size in bytes.
+    """
+
+    sandbox_id: str
+    template: str
+    deployment: str
+    image: str
+    cpus: float = 1.0
+    memory_bytes: int = 1 << 30
+    pids_limit: int = 256
+    nofile: int = 1024
+    network: Literal["none", "bridge"] = "none"
+    workdir: str = "/workspace"
+    user: str = "root"
+    env: Mapping[str, str] = field(default_factory=dict)
+    cap_add: tuple[str, ...] = ()
+    tmpfs: Mapping[str, int] = field(default_factory=dict)
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecRequest:
+    """One command to run in a sandbox.
+
+    ``cmd`` is a shell string (run by ``/bin/sh -c``) or an argv list. ``env`` values are
+    bytes and arrive byte for byte. ``stdin`` is empty unless given (readers get EOF).
+    ``max_output_bytes`` caps each stream, keeping head and tail.
+    """
+
+    cmd: str | list[str]
+    timeout_s: float = 60.0
+    cwd: str | None = None
+    env: Mapping[str, bytes] = field(default_factory=dict)
+    stdin: bytes = b""
+    max_output_bytes: int = 1 << 20
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ExecChunk:
+    """A piece of live output from a streaming exec (before the head cap is reached)."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecResult:
+    """How a command ended.
+
+    ``exit_code`` is the shell convention: the status, or 128+N when killed by signal N
+    (``signal`` then holds N). ``timed_out`` means Crucible killed the process group at
+    ``timeout_s``; ``oom_killed`` that the kernel's OOM killer killed a process of the exec.
+    ``stdout``/``stderr`` hold at most ``max_output_bytes`` each (head + tail when
+    ``*_truncated``); ``*_total_bytes`` count everything the command wrote.
+    """
+
+    exit_code: int
+    signal: int | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerInfo:
+    """A container as the engine reports it, with Crucible's labels."""
+
+    container_id: str
+    sandbox_id: str | None
+    template: str | None
+    deployment: str | None
+    status: str  # engine status: created, running, paused, exited, dead
+    labels: Mapping[str, str]
+
+
+class SandboxRuntime(Protocol):
+    """Operations the control plane needs from a container engine.
+
+    All methods are blocking; callers run them in worker threads. Errors surface as
+    ``service.errors.SandboxError`` (or ``NotFound`` for a container that is gone).
+    """
+
+    def ping(self) -> bool:
+        """True when the engine answers."""
+        ...
+
+    def ensure_ready(self) -> None:
+        """Prepare what sandboxes need (e.g. the read-only supervisor volume). Idempotent."""
+        ...
+
+    def create(self, spec: SandboxSpec) -> str:
+        """Create and start a container for ``spec``; return its engine id."""
+        ...
+
+    def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
+        """Run ``request`` to completion (or timeout) and return its result."""
+        ...
+
+    def exec_stream(self, container_id: str, request: ExecRequest) -> Iterator[ExecChunk | ExecResult]:
+        """Run ``request``, yielding output chunks as they come, then exactly one ExecResult."""
+        ...
+
+    def resolve_path(self, container_id: str, path: str, *, create_parents: bool = False) -> str:
+        """Resolve ``path`` (symlinks included) inside the container; optionally mkdir -p its parent."""
+        ...
+
+    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
+        """Extract an (already validated) tar into ``dest_dir`` inside the container."""
+        ...
+
+    def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
+        """Stream a tar of ``path`` from the container."""
+        ...
+
+    def snapshot(self, container_id: str, *, repository: str, tag: str) -> str:
+        """Pause, commit the filesystem to ``repository:tag``, unpause; return the image id."""
+        ...
+
+    def remove_image(self, image: str) -> None:
+        """Delete a snapshot image (missing is fine)."""
+        ...
+
+    def destroy(self, container_id: str) -> None:
+        """Kill and remove the container (missing is fine)."""
+        ...
+
+    def list(self, *, deployment: str) -> list[ContainerInfo]:
+        """All containers of this deployment, by label."""
+        ...
+
+    def image_digest(self, image: str) -> str:
+        """The image's content id (``sha256:...``)."""
+        ...
