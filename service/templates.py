@@ -26,7 +26,9 @@ class Template(BaseModel):
     memory_mb: int = Field(1024, ge=16, le=256 * 1024)
     pids_limit: int = Field(256, ge=8, le=65536)
     nofile: int = Field(1024, ge=64, le=1 << 20)
-    disk_mb: int = Field(4096, ge=16, description="Writable-layer budget (enforced where the engine can).")
+    disk_mb: int = Field(
+        4096, ge=16, description="Writable-layer budget (enforced where the engine can)."
+    )
     network: Literal["none", "bridge"] = "none"
     workdir: str = "/workspace"
     files_root: str = Field("/", description="The file API may not reach outside this directory.")

@@ -126,12 +126,14 @@ class SandboxRuntime(Protocol):
         """Run ``request`` to completion (or timeout) and return its result."""
         ...
 
-    def exec_stream(self, container_id: str, request: ExecRequest) -> Iterator[ExecChunk | ExecResult]:
+    def exec_stream(
+        self, container_id: str, request: ExecRequest
+    ) -> Iterator[ExecChunk | ExecResult]:
         """Run ``request``, yielding output chunks as they come, then exactly one ExecResult."""
         ...
 
     def resolve_path(self, container_id: str, path: str, *, create_parents: bool = False) -> str:
-        """Resolve ``path`` (symlinks included) inside the container; optionally mkdir -p its parent."""
+        """Resolve ``path`` (symlinks too) in the container; optionally ``mkdir -p`` its parent."""
         ...
 
     def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:

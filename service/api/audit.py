@@ -1,0 +1,57 @@
+"""Route ``GET /v1/audit``: audit events, filterable; tenants see their own, admins all."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+
+from service.api.deps import Ctx, CurrentPrincipal
+from service.db.models import AuditEvent
+from service.schemas import AuditEventOut, AuditPage
+
+router = APIRouter(prefix="/v1/audit", tags=["audit"])
+
+
+@router.get("", response_model=AuditPage)
+def list_events(
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    tenant: str | None = None,
+    sandbox_id: str | None = None,
+    action: str | None = None,
+    since: str | None = Query(None, description="ISO 8601 UTC lower bound on ts (inclusive)"),
+    until: str | None = Query(None, description="ISO 8601 UTC upper bound on ts (exclusive)"),
+    after: int = Query(0, ge=0, description="Only events with seq > after (paging)"),
+    limit: int = Query(100, ge=1, le=1000),
+) -> AuditPage:
+    """Audit events in ``seq`` order."""
+    q = select(AuditEvent).where(AuditEvent.seq > after)
+    if not principal.is_admin:
+        q = q.where(AuditEvent.tenant_id == principal.tenant_id)
+    elif tenant:
+        q = q.where(AuditEvent.tenant_id == tenant)
+    if sandbox_id:
+        q = q.where(AuditEvent.sandbox_id == sandbox_id)
+    if action:
+        q = q.where(AuditEvent.action == action)
+    if since:
+        q = q.where(AuditEvent.ts >= since)
+    if until:
+        q = q.where(AuditEvent.ts < until)
+    with ctx.db.session() as s:
+        rows = s.execute(q.order_by(AuditEvent.seq).limit(limit)).scalars().all()
+    events = [
+        AuditEventOut(
+            seq=r.seq,
+            ts=r.ts,
+            tenant_id=r.tenant_id,
+            key_id=r.key_id,
+            action=r.action,
+            sandbox_id=r.sandbox_id,
+            details=r.details,
+            prev_hash=r.prev_hash,
+            hash=r.hash,
+        )
+        for r in rows
+    ]
+    return AuditPage(events=events, next_after=events[-1].seq if len(events) == limit else None)

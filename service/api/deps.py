@@ -1,0 +1,59 @@
+"""Dependencies shared by routers: the service context and the authenticated principal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service import audit, tenants
+from service.context import ServiceContext
+from service.errors import AuthError, Forbidden
+from service.metrics import AUTH_FAILURES
+from service.tenants import Principal
+
+
+def get_ctx(request: Request) -> ServiceContext:
+    """The process's ``ServiceContext`` (set by the app's lifespan)."""
+    return request.app.state.ctx
+
+
+Ctx = Annotated[ServiceContext, Depends(get_ctx)]
+
+
+def get_principal(request: Request, ctx: Ctx) -> Principal:
+    """Authenticate ``Authorization: Bearer <key>``; a failure is audited and is a 401."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    raw = token.strip() if scheme.lower() == "bearer" else None
+    try:
+        with ctx.db.session() as s:
+            return tenants.authenticate(s, raw)
+    except AuthError as e:
+        AUTH_FAILURES.inc()
+        with ctx.db.session() as s:
+            audit.record(
+                s,
+                "auth.failed",
+                details={
+                    "method": request.method,
+                    "path": request.url.path,
+                    "reason": e.detail,
+                    "key_id": raw.split("_")[1] if raw and raw.count("_") >= 2 else None,
+                    "client": request.client.host if request.client else None,
+                },
+            )
+        raise
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+def get_admin(principal: CurrentPrincipal) -> Principal:
+    """The principal, which must hold the ``admin`` scope (403 otherwise)."""
+    if not principal.is_admin:
+        raise Forbidden("this route needs an API key with the admin scope")
+    return principal
+
+
+AdminPrincipal = Annotated[Principal, Depends(get_admin)]

@@ -1,0 +1,38 @@
+"""Liveness, readiness and Prometheus metrics (no auth, as scrapers and probes expect)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.deps import Ctx
+from service.metrics import POOL_LEVEL, POOL_TARGET, REGISTRY
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(ctx: Ctx) -> JSONResponse:
+    """Ready when the database and the Docker engine answer (503 otherwise)."""
+    checks = {"database": ctx.db.ping(), "docker": ctx.runtime.ping()}
+    ok = all(checks.values())
+    return JSONResponse(
+        {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
+    )
+
+
+@router.get("/metrics")
+def metrics(ctx: Ctx) -> Response:
+    """Prometheus text exposition."""
+    for template, lv in ctx.pools.levels().items():
+        POOL_TARGET.labels(template).set(lv["target"])
+        for state in ("warm", "starting", "leased"):
+            POOL_LEVEL.labels(template, state).set(lv[state])
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,254 @@
+"""Routes under /v1/sandboxes: lease, list, get, exec, files, heartbeat, snapshot, release."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import json
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+
+from service import files, sandboxes
+from service.api.deps import Ctx, CurrentPrincipal
+from service.db.models import Sandbox, Snapshot
+from service.errors import InvalidRequest, PayloadTooLarge
+from service.metrics import EXEC_LATENCY, EXECS
+from service.runtime.base import ExecChunk, ExecResult
+from service.schemas import (
+    ExecIn,
+    ExecOut,
+    FileOut,
+    HeartbeatIn,
+    LeaseRequest,
+    SandboxList,
+    SandboxOut,
+    SnapshotOut,
+)
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+
+
+def sandbox_out(row: Sandbox) -> SandboxOut:
+    """DB row -> API schema."""
+    return SandboxOut(
+        id=row.id,
+        template=row.template,
+        state=row.state,
+        image=row.image,
+        cpus=row.cpus,
+        memory_mb=row.memory_mb,
+        created_at=row.created_at,
+        leased_at=row.leased_at,
+        expires_at=row.expires_at,
+        ended_at=row.ended_at,
+        metadata=row.metadata_ or {},
+        source_snapshot_id=row.source_snapshot_id,
+        failure=row.failure,
+    )
+
+
+def snapshot_out(snap: Snapshot) -> SnapshotOut:
+    """DB row -> API schema."""
+    return SnapshotOut(
+        id=snap.id, sandbox_id=snap.sandbox_id, template=snap.template, created_at=snap.created_at
+    )
+
+
+def exec_out(res: ExecResult, *, b64: bool) -> ExecOut:
+    """Runtime result -> API schema (text with U+FFFD for invalid UTF-8; base64 on request)."""
+    return ExecOut(
+        exit_code=res.exit_code,
+        signal=res.signal,
+        timed_out=res.timed_out,
+        oom_killed=res.oom_killed,
+        stdout=res.stdout.decode("utf-8", "replace"),
+        stderr=res.stderr.decode("utf-8", "replace"),
+        stdout_b64=base64.b64encode(res.stdout).decode() if b64 else None,
+        stderr_b64=base64.b64encode(res.stderr).decode() if b64 else None,
+        stdout_bytes=res.stdout_total_bytes,
+        stderr_bytes=res.stderr_total_bytes,
+        stdout_truncated=res.stdout_truncated,
+        stderr_truncated=res.stderr_truncated,
+        duration_ms=res.duration_ms,
+    )
+
+
+def _b64(value: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidRequest(f"{field} is not valid base64", field=field) from e
+
+
+def _observe(res: ExecResult) -> None:
+    outcome = (
+        "timeout"
+        if res.timed_out
+        else "oom"
+        if res.oom_killed
+        else "ok"
+        if res.exit_code == 0
+        else "nonzero"
+    )
+    EXECS.labels(outcome).inc()
+    EXEC_LATENCY.observe(res.duration_ms / 1000)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=SandboxOut)
+def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
+    """Lease a sandbox from the template's warm pool (a cold start only when it is empty)."""
+    row = sandboxes.lease(
+        ctx, principal, template=body.template, ttl_s=body.ttl_s, metadata=body.metadata
+    )
+    return sandbox_out(row)
+
+
+@router.get("", response_model=SandboxList)
+def list_(ctx: Ctx, principal: CurrentPrincipal, include_ended: bool = False) -> SandboxList:
+    """The caller's sandboxes (live ones; ``include_ended`` adds the last ended ones)."""
+    rows = sandboxes.list_sandboxes(ctx, principal, include_ended=include_ended)
+    return SandboxList(sandboxes=[sandbox_out(r) for r in rows])
+
+
+@router.get("/{sandbox_id}", response_model=SandboxOut)
+def get(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
+    """One sandbox: state, limits, lease expiry."""
+    return sandbox_out(sandboxes.get_owned(ctx, principal, sandbox_id))
+
+
+@router.post(
+    "/{sandbox_id}/exec",
+    response_model=ExecOut,
+    responses={200: {"content": {"application/x-ndjson": {}}}},
+)
+def exec_(
+    sandbox_id: str,
+    body: ExecIn,
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    stream: bool = Query(False, description="Stream NDJSON chunks, then the result."),
+) -> Response:
+    """Run a command. ``?stream=true`` answers NDJSON lines: chunks, then ``{"type":"result"}``."""
+    env = {k: v.encode() for k, v in body.env.items()}
+    env.update({k: _b64(v, f"env_b64.{k}") for k, v in body.env_b64.items()})
+    if body.stdin is not None and body.stdin_b64 is not None:
+        raise InvalidRequest("give stdin or stdin_b64, not both", field="stdin_b64")
+    stdin = (
+        _b64(body.stdin_b64, "stdin_b64")
+        if body.stdin_b64 is not None
+        else (body.stdin or "").encode()
+    )
+    req = sandboxes.build_exec_request(
+        ctx,
+        cmd=body.cmd,
+        timeout_s=body.timeout_s,
+        cwd=body.cwd,
+        env=env,
+        stdin=stdin,
+        max_output_bytes=body.max_output_bytes,
+    )
+    if not stream:
+        res = sandboxes.exec_command(ctx, principal, sandbox_id, req)
+        _observe(res)
+        return Response(
+            exec_out(res, b64=body.output_b64).model_dump_json(), media_type="application/json"
+        )
+    items = sandboxes.exec_stream(ctx, principal, sandbox_id, req)
+    return StreamingResponse(_ndjson(items, b64=body.output_b64), media_type="application/x-ndjson")
+
+
+def _ndjson(items: Iterator[ExecChunk | ExecResult], *, b64: bool) -> Iterator[bytes]:
+    decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
+    for item in items:
+        if isinstance(item, ExecResult):
+            _observe(item)
+            line = {"type": "result", "result": exec_out(item, b64=b64).model_dump()}
+        else:
+            line = {"type": item.stream, "data": decoders[item.stream].decode(item.data)}
+            if b64:
+                line["data_b64"] = base64.b64encode(item.data).decode()
+        yield (json.dumps(line) + "\n").encode()
+
+
+@router.post("/{sandbox_id}/heartbeat", response_model=SandboxOut)
+def heartbeat(
+    sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal, body: HeartbeatIn | None = None
+) -> SandboxOut:
+    """Extend the lease to now + ``ttl_s``."""
+    ttl = body.ttl_s if body else None
+    return sandbox_out(sandboxes.heartbeat(ctx, principal, sandbox_id, ttl_s=ttl))
+
+
+@router.delete("/{sandbox_id}", response_model=SandboxOut)
+def release(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
+    """Release the lease; the sandbox is destroyed, never handed to anyone else."""
+    return sandbox_out(sandboxes.release(ctx, principal, sandbox_id))
+
+
+@router.post(
+    "/{sandbox_id}/snapshots", status_code=status.HTTP_201_CREATED, response_model=SnapshotOut
+)
+def snapshot(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SnapshotOut:
+    """Freeze the sandbox's filesystem; fork it with ``POST /v1/snapshots/{id}/fork``."""
+    return snapshot_out(sandboxes.snapshot(ctx, principal, sandbox_id))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"upload of {declared} bytes exceeds the limit of {limit}", field="body"
+        )
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise PayloadTooLarge(f"upload exceeds the limit of {limit} bytes", field="body")
+    return bytes(buf)
+
+
+@router.put("/{sandbox_id}/files", response_model=FileOut)
+async def put_file(
+    sandbox_id: str,
+    request: Request,
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    path: str = Query(..., min_length=1, max_length=4096),
+) -> FileOut:
+    """Upload the body to ``path`` (parents created); ``Content-Type: application/x-tar``
+    extracts a tar into directory ``path`` instead."""
+    from starlette.concurrency import run_in_threadpool
+
+    data = await _read_body(request, ctx.settings.max_upload_bytes)
+    is_tar = request.headers.get("content-type", "").split(";")[0].strip() == "application/x-tar"
+    resolved, n = await run_in_threadpool(
+        files.put, ctx, principal, sandbox_id, path=path, data=data, is_tar=is_tar
+    )
+    return FileOut(path=resolved, bytes=n, kind="tar" if is_tar else "file")
+
+
+@router.get(
+    "/{sandbox_id}/files",
+    responses={200: {"content": {"application/octet-stream": {}, "application/x-tar": {}}}},
+)
+def get_file(
+    sandbox_id: str,
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    path: str = Query(..., min_length=1, max_length=4096),
+) -> StreamingResponse:
+    """Download ``path``: a regular file as bytes, a directory as a tar."""
+    dl = files.get(ctx, principal, sandbox_id, path=path)
+    media = "application/octet-stream" if dl.kind == "file" else "application/x-tar"
+    return StreamingResponse(
+        dl.chunks,
+        media_type=media,
+        headers={
+            "Content-Length": str(dl.size),
+            "X-Crucible-Path": dl.path,
+            "X-Crucible-Kind": dl.kind,
+        },
+    )

@@ -1,0 +1,104 @@
+"""FastAPI application factory and lifespan (runtime readiness, reconcile, pools start/stop)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import tenants
+from service.api import audit, health, problems, sandboxes, snapshots, templates_pools
+from service.config import Settings, get_settings
+from service.context import ServiceContext
+from service.metrics import HTTP_LATENCY, HTTP_REQUESTS
+
+log = logging.getLogger("crucible")
+
+
+class MetricsMiddleware:
+    """Counts requests and latency per route template (pure ASGI: no body buffering)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = {"code": 500}
+
+        async def _send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            HTTP_REQUESTS.labels(scope["method"], path, str(status["code"])).inc()
+            HTTP_LATENCY.labels(scope["method"], path).observe(time.perf_counter() - t0)
+
+
+def bootstrap(ctx: ServiceContext) -> None:
+    """Create the configured admin key (idempotent), reconcile with the engine."""
+    s_ = ctx.settings
+    if s_.bootstrap_admin_key:
+        with ctx.db.session() as s:
+            tenants.create_tenant(
+                s,
+                "admin",
+                max_sandboxes=s_.default_quota_sandboxes,
+                max_cpus=s_.default_quota_cpus,
+                max_memory_mb=s_.default_quota_memory_mb,
+            )
+            tenants.create_key(
+                s, "admin", scopes={"admin"}, name="bootstrap", secret=s_.bootstrap_admin_key
+            )
+    ctx.runtime.ensure_ready()
+    counts = ctx.pools.reconcile()
+    log.info("reconciled deployment %s: %s", s_.deployment, counts)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    ctx: ServiceContext | None = None,
+    maintain_pools: bool = True,
+) -> FastAPI:
+    """Build the app. With ``ctx`` given (tests), it is used as is; else one is built at start-up.
+
+    ``maintain_pools=False`` skips the background refill/reaper loop (tests drive ``tick``).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        c = ctx or await run_in_threadpool(ServiceContext.build, settings or get_settings())
+        app.state.ctx = c
+        await run_in_threadpool(bootstrap, c)
+        if maintain_pools:
+            c.pools.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(c.pools.stop, drain_warm=True)
+
+    app = FastAPI(
+        title="Crucible",
+        version="0.1.0",
+        description="Sandboxed agent environments for RL post-training: warm-pooled Docker "
+        "sandboxes, exec, files, snapshots, forks, quotas and an audit log.",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    for r in (health, sandboxes, snapshots, templates_pools, audit):
+        app.include_router(r.router)
+    app.add_middleware(MetricsMiddleware)
+    return app

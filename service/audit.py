@@ -1,0 +1,134 @@
+"""Append-only, hash-chained audit events.
+
+Each event's hash is ``sha256(prev_hash || canonical_json(event fields))`` where the
+canonical JSON is ``json.dumps(..., sort_keys=True, separators=(",", ":"),
+ensure_ascii=False)`` of ``{seq, ts, tenant_id, key_id, action, sandbox_id, details}``,
+UTF-8 encoded. The first event's ``prev_hash`` is 64 zeros. Appends bump the single
+``audit_chain`` head row first, which serializes concurrent appenders on both SQLite and
+PostgreSQL (the UPDATE takes the row lock) and keeps ``seq`` gap-free.
+
+An event is written in the same transaction as the state change it records, so the log
+and the state never disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from service.db.engine import Database
+from service.db.models import AuditChain, AuditEvent
+
+GENESIS_HASH = "0" * 64
+
+
+def canonical_hash(prev_hash: str, fields: dict[str, Any]) -> str:
+    """The chain hash of one event (hex sha256), formula in the module docstring."""
+    body = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(prev_hash.encode() + body.encode("utf-8")).hexdigest()
+
+
+def _fields(ev: AuditEvent) -> dict[str, Any]:
+    return {
+        "seq": ev.seq,
+        "ts": ev.ts,
+        "tenant_id": ev.tenant_id,
+        "key_id": ev.key_id,
+        "action": ev.action,
+        "sandbox_id": ev.sandbox_id,
+        "details": ev.details,
+    }
+
+
+def record(
+    session: Session,
+    action: str,
+    *,
+    tenant_id: str | None = None,
+    key_id: str | None = None,
+    sandbox_id: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Append one event inside ``session``'s transaction and return it.
+
+    ``details`` must be JSON-serializable; it is stored and hashed as given.
+    """
+    head_updated = session.execute(
+        update(AuditChain).where(AuditChain.id == 1).values(seq=AuditChain.seq + 1)
+    ).rowcount
+    if head_updated == 0:
+        session.add(AuditChain(id=1, seq=1, last_hash=GENESIS_HASH))
+        session.flush()
+    head = session.execute(select(AuditChain).where(AuditChain.id == 1)).scalar_one()
+    session.refresh(head)
+    ev = AuditEvent(
+        seq=head.seq,
+        ts=datetime.now(UTC).isoformat(timespec="microseconds"),
+        tenant_id=tenant_id,
+        key_id=key_id,
+        action=action,
+        sandbox_id=sandbox_id,
+        details=json.loads(json.dumps(details or {})),  # normalize to what JSON stores
+        prev_hash=head.last_hash,
+        hash="",
+    )
+    ev.hash = canonical_hash(ev.prev_hash, _fields(ev))
+    head.last_hash = ev.hash
+    session.add(ev)
+    return ev
+
+
+@dataclass(frozen=True)
+class ChainCheck:
+    """Result of ``verify_chain``: ``first_broken_seq`` is None when the chain is intact."""
+
+    events_checked: int
+    first_broken_seq: int | None
+    reason: str | None
+
+
+def iter_events(db: Database, *, batch: int = 1000) -> Iterator[AuditEvent]:
+    """Every event in ``seq`` order, read in batches."""
+    last = 0
+    while True:
+        with db.session() as s:
+            rows = (
+                s.execute(
+                    select(AuditEvent)
+                    .where(AuditEvent.seq > last)
+                    .order_by(AuditEvent.seq)
+                    .limit(batch)
+                )
+                .scalars()
+                .all()
+            )
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].seq
+
+
+def verify_chain(db: Database) -> ChainCheck:
+    """Recompute every hash; name the first event whose hash, link or sequence is wrong."""
+    prev_hash, expected_seq, n = GENESIS_HASH, 1, 0
+    for ev in iter_events(db):
+        n += 1
+        if ev.seq != expected_seq:
+            return ChainCheck(n, ev.seq, f"sequence gap: expected {expected_seq}, found {ev.seq}")
+        if ev.prev_hash != prev_hash:
+            return ChainCheck(n, ev.seq, "prev_hash does not match the previous event's hash")
+        if canonical_hash(ev.prev_hash, _fields(ev)) != ev.hash:
+            return ChainCheck(n, ev.seq, "hash does not match the event's contents")
+        prev_hash, expected_seq = ev.hash, expected_seq + 1
+    with db.session() as s:
+        head = s.get(AuditChain, 1)
+    if head is not None and (head.seq != expected_seq - 1 or head.last_hash != prev_hash):
+        return ChainCheck(n, expected_seq, "events after the last stored one were deleted")
+    return ChainCheck(n, None, None)

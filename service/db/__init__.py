@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy 2 models, the engine/session factory, Alembic migrations."""

@@ -1,0 +1,161 @@
+"""SQLAlchemy 2 models. Times are timezone-aware UTC; ids are prefixed strings (``sb_...``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    """Current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A DateTime that always comes back timezone-aware UTC (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every Crucible table."""
+
+
+class Tenant(Base):
+    """Who calls. Quota limits and the usage reserved against them (kept in the same row so a
+    reservation is one guarded UPDATE)."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    max_sandboxes: Mapped[int] = mapped_column(Integer)
+    max_cpus: Mapped[float] = mapped_column(Float)
+    max_memory_mb: Mapped[int] = mapped_column(BigInteger)
+    used_sandboxes: Mapped[int] = mapped_column(Integer, default=0)
+    used_cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    used_memory_mb: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key: ``cr_<id>_<secret>``; only sha256(secret) is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[str] = mapped_column(String(200), default="")
+    name: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Sandbox(Base):
+    """One container made from a template, and its lease.
+
+    States: starting -> warm -> leased -> (snapshotting -> leased) -> released | expired |
+    failed. A sandbox leased cold goes starting -> leased. Every transition is an UPDATE
+    guarded by the expected state.
+    """
+
+    __tablename__ = "sandboxes"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(64))
+    template: Mapped[str] = mapped_column(String(64))
+    image: Mapped[str] = mapped_column(String(300))
+    container_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
+    cpus: Mapped[float] = mapped_column(Float)
+    memory_mb: Mapped[int] = mapped_column(BigInteger)
+    ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    source_snapshot_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    leased_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (
+        Index("ix_sandboxes_pool", "deployment", "template", "state"),
+        Index("ix_sandboxes_tenant", "tenant_id", "state"),
+        Index("ix_sandboxes_expiry", "state", "expires_at"),
+    )
+
+
+class Snapshot(Base):
+    """A frozen filesystem image of a sandbox (``docker commit``)."""
+
+    __tablename__ = "snapshots"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(64))
+    sandbox_id: Mapped[str] = mapped_column(ForeignKey("sandboxes.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    template: Mapped[str] = mapped_column(String(64))
+    image: Mapped[str] = mapped_column(String(300))
+    image_id: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Pool(Base):
+    """Warm-pool target size per template (overrides the configured default)."""
+
+    __tablename__ = "pools"
+
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True)
+    template: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target_size: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AuditChain(Base):
+    """The single head row of the audit hash chain; updating it serializes appenders."""
+
+    __tablename__ = "audit_chain"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditEvent(Base):
+    """One append-only, hash-chained event (see ``service.audit``)."""
+
+    __tablename__ = "audit_events"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    ts: Mapped[str] = mapped_column(String(40), index=True)  # ISO 8601 UTC, microseconds
+    tenant_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    action: Mapped[str] = mapped_column(String(64))
+    sandbox_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        Index("ix_audit_tenant", "tenant_id", "seq"),
+        Index("ix_audit_sandbox", "sandbox_id", "seq"),
+        Index("ix_audit_action", "action", "seq"),
+    )

@@ -1,0 +1,458 @@
+"""Warm pools: keep started, idle sandboxes per template so a lease needs no cold start.
+
+One ``PoolManager`` per control-plane process. Its background thread ticks every
+``pool_interval_s``: refill (bounded concurrency), reap expired leases, destroy what was
+released. ``claim`` is the lease fast path: one guarded UPDATE of a warm row.
+``reconcile`` runs once at start-up: adopt the containers the DB knows, destroy labelled
+containers of this deployment it does not, fail rows whose container is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+
+from service import audit, tenants
+from service.config import Settings
+from service.db.engine import Database
+from service.db.models import Pool, Sandbox, utcnow
+from service.errors import CrucibleError, NotFound
+from service.ids import new_id
+from service.runtime.base import SandboxRuntime, SandboxSpec
+from service.templates import Template, TemplateRegistry
+
+log = logging.getLogger("crucible.pool")
+
+ENDED_STATES = ("released", "expired", "failed")
+
+
+def spec_for(
+    template: Template, sandbox_id: str, deployment: str, image: str | None = None
+) -> SandboxSpec:
+    """The runtime spec of a sandbox made from ``template`` (``image`` overrides, for forks)."""
+    return SandboxSpec(
+        sandbox_id=sandbox_id,
+        template=template.name,
+        deployment=deployment,
+        image=image or template.image,
+        cpus=template.cpus,
+        memory_bytes=template.memory_mb * 1024 * 1024,
+        pids_limit=template.pids_limit,
+        nofile=template.nofile,
+        network=template.network,
+        workdir=template.workdir,
+        user=template.user,
+        env=template.env,
+        cap_add=template.cap_add,
+    )
+
+
+class PoolManager:
+    """Warm pools, lease claims, expiry and reconcile for one deployment."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: Database,
+        runtime: SandboxRuntime,
+        templates: TemplateRegistry,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.runtime = runtime
+        self.templates = templates
+        self.deployment = settings.deployment
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.pool_refill_concurrency, thread_name_prefix="crucible-pool"
+        )
+        self._destroyer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="crucible-destroy")
+        self._inflight: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- targets ---------------------------------------------------------------------------
+
+    def target(self, template: str) -> int:
+        """Target warm size of ``template``: the stored override, else the configured default."""
+        with self.db.session() as s:
+            row = s.get(Pool, (self.deployment, template))
+        return row.target_size if row else self.settings.pool_targets.get(template, 0)
+
+    def set_target(
+        self, template: str, size: int, *, tenant_id: str | None, key_id: str | None
+    ) -> None:
+        """Store a new target size for ``template`` and wake the refill loop."""
+        self.templates.get(template)
+        with self.db.session() as s:
+            row = s.get(Pool, (self.deployment, template))
+            old = row.target_size if row else self.settings.pool_targets.get(template, 0)
+            if row is None:
+                s.add(Pool(deployment=self.deployment, template=template, target_size=size))
+            else:
+                row.target_size, row.updated_at = size, utcnow()
+            audit.record(
+                s,
+                "pool.set_target",
+                tenant_id=tenant_id,
+                key_id=key_id,
+                details={"template": template, "old": old, "new": size},
+            )
+        self._wake.set()
+
+    def levels(self) -> dict[str, dict[str, int]]:
+        """Per template: target, warm, starting (not yet leased) and leased counts."""
+        with self.db.session() as s:
+            rows = s.execute(
+                select(Sandbox.template, Sandbox.state, Sandbox.tenant_id.is_(None), func.count())
+                .where(Sandbox.deployment == self.deployment, Sandbox.state.not_in(ENDED_STATES))
+                .group_by(Sandbox.template, Sandbox.state, Sandbox.tenant_id.is_(None))
+            ).all()
+            overrides = {
+                p.template: p.target_size
+                for p in s.execute(select(Pool).where(Pool.deployment == self.deployment)).scalars()
+            }
+        out: dict[str, dict[str, int]] = {}
+        names = {t.name for t in self.templates.all()} | set(overrides) | {r[0] for r in rows}
+        for name in names:
+            tgt = overrides.get(name, self.settings.pool_targets.get(name, 0))
+            out[name] = {"target": tgt, "warm": 0, "starting": 0, "leased": 0}
+        for template, state, unowned, n in rows:
+            lv = out[template]
+            if state == "warm":
+                lv["warm"] += n
+            elif state == "starting" and unowned:
+                lv["starting"] += n
+            elif state in ("leased", "snapshotting", "starting"):
+                lv["leased"] += n
+        return out
+
+    # -- lease fast path -------------------------------------------------------------------
+
+    def claim(
+        self, s, *, template: str, tenant_id: str, expires_at: datetime, ttl_s: int, metadata: dict
+    ) -> Sandbox | None:
+        """Atomically turn one warm sandbox of ``template`` into a lease, in session ``s``.
+
+        Returns the leased row, or None when the pool is empty. The UPDATE is guarded by
+        ``state='warm'`` so two claimers never get the same sandbox.
+        """
+        for _ in range(5):
+            sid = s.execute(
+                select(Sandbox.id)
+                .where(
+                    Sandbox.deployment == self.deployment,
+                    Sandbox.template == template,
+                    Sandbox.state == "warm",
+                )
+                .order_by(Sandbox.created_at)
+                .limit(1)
+            ).scalar()
+            if sid is None:
+                return None
+            now = utcnow()
+            got = s.execute(
+                update(Sandbox)
+                .where(Sandbox.id == sid, Sandbox.state == "warm")
+                .values(
+                    state="leased",
+                    tenant_id=tenant_id,
+                    leased_at=now,
+                    expires_at=expires_at,
+                    ttl_s=ttl_s,
+                    metadata_=metadata,
+                )
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if got == 1:
+                self._wake.set()
+                return s.get(Sandbox, sid, populate_existing=True)
+        return None
+
+    # -- starting containers ---------------------------------------------------------------
+
+    def start_container(self, row_id: str, template: Template, image: str | None = None) -> str:
+        """Create the container of an already inserted ``starting`` row; store its id.
+
+        Raises:
+            SandboxError: the runtime failed (the row is marked failed by the caller).
+        """
+        cid = self.runtime.create(spec_for(template, row_id, self.deployment, image))
+        with self.db.session() as s:
+            s.execute(
+                update(Sandbox)
+                .where(Sandbox.id == row_id)
+                .values(container_id=cid)
+                .execution_options(synchronize_session=False)
+            )
+        return cid
+
+    def _refill_one(self, template: Template) -> None:
+        sid = new_id("sb")
+        try:
+            with self.db.session() as s:
+                s.add(
+                    Sandbox(
+                        id=sid,
+                        deployment=self.deployment,
+                        template=template.name,
+                        image=template.image,
+                        state="starting",
+                        cpus=template.cpus,
+                        memory_mb=template.memory_mb,
+                        metadata_={},
+                    )
+                )
+            self.start_container(sid, template)
+            with self.db.session() as s:
+                ok = s.execute(
+                    update(Sandbox)
+                    .where(Sandbox.id == sid, Sandbox.state == "starting")
+                    .values(state="warm")
+                    .execution_options(synchronize_session=False)
+                ).rowcount
+            if not ok:  # removed meanwhile (shutdown, reconcile)
+                self._destroy_row(sid)
+        except Exception as e:  # noqa: BLE001 - a failed refill must not kill the loop
+            log.warning("warm start of %s failed: %s", template.name, e)
+            self.mark_failed(sid, f"warm start failed: {e}")
+        finally:
+            with self._lock:
+                self._inflight[template.name] -= 1
+
+    def refill(self) -> None:
+        """Start sandboxes where a template's warm + starting count is below its target."""
+        for name, lv in self.levels().items():
+            with self._lock:
+                inflight = self._inflight.get(name, 0)
+            deficit = lv["target"] - lv["warm"] - max(lv["starting"], inflight)
+            if deficit <= 0:
+                continue
+            try:
+                template = self.templates.get(name)
+            except NotFound:
+                continue
+            for _ in range(deficit):
+                with self._lock:
+                    self._inflight[name] = self._inflight.get(name, 0) + 1
+                self._executor.submit(self._refill_one, template)
+
+    def trim(self) -> None:
+        """Destroy warm sandboxes in excess of each template's target."""
+        for name, lv in self.levels().items():
+            excess = lv["warm"] - lv["target"]
+            if excess <= 0:
+                continue
+            with self.db.session() as s:
+                ids = (
+                    s.execute(
+                        select(Sandbox.id)
+                        .where(
+                            Sandbox.deployment == self.deployment,
+                            Sandbox.template == name,
+                            Sandbox.state == "warm",
+                        )
+                        .order_by(Sandbox.created_at.desc())
+                        .limit(excess)
+                    )
+                    .scalars()
+                    .all()
+                )
+                for sid in ids:
+                    s.execute(
+                        update(Sandbox)
+                        .where(Sandbox.id == sid, Sandbox.state == "warm")
+                        .values(state="released", ended_at=utcnow())
+                        .execution_options(synchronize_session=False)
+                    )
+            for sid in ids:
+                self.destroy_async(sid)
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def mark_failed(self, sandbox_id: str, reason: str) -> None:
+        """Move a non-ended sandbox to ``failed``, give back its quota, destroy its container."""
+        with self.db.session() as s:
+            row = s.get(Sandbox, sandbox_id)
+            if row is None or row.state in ENDED_STATES:
+                return
+            was_live = row.tenant_id is not None and row.state in tenants.LIVE_STATES
+            row.state, row.failure, row.ended_at = "failed", reason[:2000], utcnow()
+            if was_live:
+                tenants.release(s, row.tenant_id, tenants.Resources(1, row.cpus, row.memory_mb))
+            audit.record(
+                s,
+                "sandbox.fail",
+                tenant_id=row.tenant_id,
+                sandbox_id=sandbox_id,
+                details={"reason": reason[:500]},
+            )
+        self.destroy_async(sandbox_id)
+
+    def _destroy_row(self, sandbox_id: str) -> None:
+        with self.db.session() as s:
+            row = s.get(Sandbox, sandbox_id)
+            cid = row.container_id if row else None
+        if cid:
+            try:
+                self.runtime.destroy(cid)
+            except CrucibleError as e:
+                log.warning("destroy of %s failed: %s", sandbox_id, e)
+
+    def destroy_async(self, sandbox_id: str) -> Future:
+        """Destroy a sandbox's container in the background (release must stay fast)."""
+        return self._destroyer.submit(self._destroy_row, sandbox_id)
+
+    def reap(self) -> int:
+        """Expire leases whose ``expires_at`` passed; return how many were expired."""
+        now = utcnow()
+        with self.db.session() as s:
+            rows = (
+                s.execute(
+                    select(Sandbox).where(
+                        Sandbox.deployment == self.deployment,
+                        Sandbox.state == "leased",
+                        Sandbox.expires_at < now,
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            expired = []
+            for row in rows:
+                ok = s.execute(
+                    update(Sandbox)
+                    .where(
+                        Sandbox.id == row.id, Sandbox.state == "leased", Sandbox.expires_at < now
+                    )
+                    .values(state="expired", ended_at=now)
+                    .execution_options(synchronize_session=False)
+                ).rowcount
+                if ok:
+                    tenants.release(s, row.tenant_id, tenants.Resources(1, row.cpus, row.memory_mb))
+                    audit.record(
+                        s,
+                        "sandbox.expire",
+                        tenant_id=row.tenant_id,
+                        sandbox_id=row.id,
+                        details={"expires_at": row.expires_at.isoformat()},
+                    )
+                    expired.append(row.id)
+        for sid in expired:
+            self.destroy_async(sid)
+        return len(expired)
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def reconcile(self) -> dict[str, int]:
+        """Adopt, destroy and fail so the DB and the engine agree (run before serving).
+
+        Returns counts: adopted, destroyed (containers unknown to the DB or whose row ended),
+        failed (rows whose container is gone or that were mid-start).
+        """
+        containers = {c.sandbox_id: c for c in self.runtime.list(deployment=self.deployment)}
+        counts = {"adopted": 0, "destroyed": 0, "failed": 0}
+        with self.db.session() as s:
+            rows = (
+                s.execute(
+                    select(Sandbox).where(
+                        Sandbox.deployment == self.deployment, Sandbox.state.not_in(ENDED_STATES)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            known = {r.id: r for r in rows}
+        for sid, c in containers.items():
+            row = known.get(sid)
+            if row is None or row.state == "starting" or c.status not in ("running", "paused"):
+                self.runtime.destroy(c.container_id)
+                counts["destroyed"] += 1
+        for sid, row in known.items():
+            c = containers.get(sid)
+            if row.state == "starting" or c is None or c.status not in ("running", "paused"):
+                self.mark_failed(sid, "lost across a control-plane restart")
+                counts["failed"] += 1
+                continue
+            if row.state == "snapshotting":
+                with self.db.session() as s:
+                    s.execute(
+                        update(Sandbox)
+                        .where(Sandbox.id == sid)
+                        .values(state="leased")
+                        .execution_options(synchronize_session=False)
+                    )
+            counts["adopted"] += 1
+        with self.db.session() as s:
+            tenants.recompute_usage(s)
+            audit.record(
+                s, "deployment.reconcile", details={"deployment": self.deployment, **counts}
+            )
+        return counts
+
+    # -- background loop -------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One round of maintenance: reap, trim, refill."""
+        self.reap()
+        self.trim()
+        self.refill()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - keep maintaining; the error is logged
+                log.exception("pool maintenance failed")
+            self._wake.wait(self.settings.pool_interval_s)
+            self._wake.clear()
+
+    def start(self) -> None:
+        """Start the maintenance thread."""
+        self._thread = threading.Thread(target=self._loop, name="crucible-pool-loop", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Ask the maintenance loop to run now."""
+        self._wake.set()
+
+    def stop(self, *, drain_warm: bool = True) -> None:
+        """Stop the loop; with ``drain_warm`` destroy this deployment's warm sandboxes."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        if drain_warm:
+            with self.db.session() as s:
+                ids = (
+                    s.execute(
+                        select(Sandbox.id).where(
+                            Sandbox.deployment == self.deployment,
+                            Sandbox.state.in_(("warm", "starting")),
+                            Sandbox.tenant_id.is_(None),
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
+                s.execute(
+                    update(Sandbox)
+                    .where(Sandbox.id.in_(ids))
+                    .values(state="released", ended_at=utcnow())
+                    .execution_options(synchronize_session=False)
+                )
+            for sid in ids:
+                self.destroy_async(sid)
+        self._destroyer.shutdown(wait=True)
+
+
+def lease_expiry(ttl_s: int) -> datetime:
+    """``now + ttl_s`` seconds, UTC."""
+    return utcnow() + timedelta(seconds=ttl_s)

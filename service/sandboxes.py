@@ -1,0 +1,545 @@
+"""Sandbox operations on behalf of a tenant: lease, exec, heartbeat, snapshot, fork, release.
+
+Routers call these; these call the pool manager and the runtime. Ownership is checked
+once, in ``get_owned``: another tenant's sandbox is ``NotFound``, never ``Forbidden``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+
+from service import audit, tenants
+from service.context import ServiceContext
+from service.db.models import Sandbox, Snapshot, utcnow
+from service.errors import (
+    Conflict,
+    CrucibleError,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    SandboxError,
+)
+from service.ids import new_id
+from service.metrics import LEASES, QUOTA_REFUSALS
+from service.pool import lease_expiry
+from service.runtime.base import ExecChunk, ExecRequest, ExecResult
+from service.tenants import Principal, Resources
+
+
+def _ttl(ctx: ServiceContext, ttl_s: int | None) -> int:
+    ttl = ttl_s if ttl_s is not None else ctx.settings.default_ttl_s
+    if ttl > ctx.settings.max_ttl_s:
+        raise InvalidRequest(
+            f"ttl_s {ttl} exceeds the maximum {ctx.settings.max_ttl_s}", field="ttl_s"
+        )
+    return ttl
+
+
+def get_owned(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
+    """The tenant's sandbox (admins see all). ``NotFound`` for unknown or foreign ids."""
+    with ctx.db.session() as s:
+        row = s.get(Sandbox, sandbox_id)
+    if (
+        row is None
+        or row.tenant_id is None
+        or (row.tenant_id != principal.tenant_id and not principal.is_admin)
+    ):
+        raise NotFound(f"no sandbox {sandbox_id!r}", field="sandbox_id")
+    return row
+
+
+def get_live(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
+    """The tenant's sandbox, which must be leased and unexpired (``Conflict`` otherwise)."""
+    row = get_owned(ctx, principal, sandbox_id)
+    if row.state == "leased" and row.expires_at is not None and row.expires_at <= utcnow():
+        raise Conflict(f"sandbox {sandbox_id} lease expired at {row.expires_at.isoformat()}")
+    if row.state != "leased":
+        raise Conflict(f"sandbox {sandbox_id} is {row.state}, not leased")
+    if not row.container_id:
+        raise Conflict(f"sandbox {sandbox_id} has no container yet")
+    return row
+
+
+def list_sandboxes(
+    ctx: ServiceContext, principal: Principal, *, include_ended: bool = False
+) -> list[Sandbox]:
+    """The tenant's sandboxes, newest first (ended ones only when asked, last 500)."""
+    with ctx.db.session() as s:
+        q = select(Sandbox).where(Sandbox.tenant_id == principal.tenant_id)
+        if not include_ended:
+            q = q.where(Sandbox.state.in_(tenants.LIVE_STATES))
+        return list(s.execute(q.order_by(Sandbox.created_at.desc()).limit(500)).scalars())
+
+
+def lease(
+    ctx: ServiceContext,
+    principal: Principal,
+    *,
+    template: str,
+    ttl_s: int | None,
+    metadata: dict[str, Any],
+) -> Sandbox:
+    """Lease one sandbox of ``template``: a warm one, or a cold start when the pool is empty.
+
+    Raises:
+        NotFound: unknown template. QuotaExceeded: over quota (audited).
+        SandboxError: a cold start failed (quota given back).
+    """
+    tpl = ctx.templates.get(template)
+    ttl = _ttl(ctx, ttl_s)
+    need = Resources(1, tpl.cpus, tpl.memory_mb)
+    sid = new_id("sb")
+    try:
+        with ctx.db.session() as s:
+            tenants.reserve(s, principal.tenant_id, need)
+            row = ctx.pools.claim(
+                s,
+                template=template,
+                tenant_id=principal.tenant_id,
+                expires_at=lease_expiry(ttl),
+                ttl_s=ttl,
+                metadata=metadata,
+            )
+            if row is not None:
+                audit.record(
+                    s,
+                    "sandbox.lease",
+                    tenant_id=principal.tenant_id,
+                    key_id=principal.key_id,
+                    sandbox_id=row.id,
+                    details={"template": template, "ttl_s": ttl, "warm": True},
+                )
+                LEASES.labels(template, "warm").inc()
+                return row
+            s.add(
+                Sandbox(
+                    id=sid,
+                    deployment=ctx.settings.deployment,
+                    template=template,
+                    image=tpl.image,
+                    state="starting",
+                    tenant_id=principal.tenant_id,
+                    cpus=tpl.cpus,
+                    memory_mb=tpl.memory_mb,
+                    ttl_s=ttl,
+                    metadata_=metadata,
+                )
+            )
+    except QuotaExceeded as e:
+        QUOTA_REFUSALS.labels(principal.tenant_id).inc()
+        _audit_refusal(ctx, principal, need, e, template=template)
+        raise
+    ctx.pools.wake()
+    LEASES.labels(template, "cold").inc()
+    return _finish_cold_start(ctx, principal, sid, tpl, ttl=ttl, image=None, action="sandbox.lease")
+
+
+def _audit_refusal(
+    ctx: ServiceContext, principal: Principal, need: Resources, e: QuotaExceeded, **details: Any
+) -> None:
+    with ctx.db.session() as s:
+        audit.record(
+            s,
+            "quota.refused",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            details={
+                **details,
+                "sandboxes": need.sandboxes,
+                "cpus": need.cpus,
+                "memory_mb": need.memory_mb,
+                "reason": e.detail,
+            },
+        )
+
+
+def _finish_cold_start(
+    ctx: ServiceContext,
+    principal: Principal,
+    sid: str,
+    tpl: Any,
+    *,
+    ttl: int,
+    image: str | None,
+    action: str,
+    extra: dict[str, Any] | None = None,
+) -> Sandbox:
+    try:
+        ctx.pools.start_container(sid, tpl, image)
+    except CrucibleError as e:
+        ctx.pools.mark_failed(sid, f"cold start failed: {e.detail}")
+        raise SandboxError(f"could not start a {tpl.name} sandbox: {e.detail}") from e
+    with ctx.db.session() as s:
+        now = utcnow()
+        ok = s.execute(
+            update(Sandbox)
+            .where(Sandbox.id == sid, Sandbox.state == "starting")
+            .values(state="leased", leased_at=now, expires_at=now + timedelta(seconds=ttl))
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not ok:
+            raise Conflict(f"sandbox {sid} changed state while starting")
+        audit.record(
+            s,
+            action,
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=sid,
+            details={"template": tpl.name, "ttl_s": ttl, "warm": False, **(extra or {})},
+        )
+        return s.get(Sandbox, sid, populate_existing=True)
+
+
+def heartbeat(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, *, ttl_s: int | None
+) -> Sandbox:
+    """Extend the lease to now + ``ttl_s`` (default: the lease's own TTL)."""
+    row = get_live(ctx, principal, sandbox_id)
+    ttl = _ttl(ctx, ttl_s if ttl_s is not None else row.ttl_s)
+    with ctx.db.session() as s:
+        ok = s.execute(
+            update(Sandbox)
+            .where(Sandbox.id == sandbox_id, Sandbox.state == "leased")
+            .values(expires_at=lease_expiry(ttl), ttl_s=ttl)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not ok:
+            raise Conflict(f"sandbox {sandbox_id} is no longer leased")
+        audit.record(
+            s,
+            "sandbox.heartbeat",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=sandbox_id,
+            details={"ttl_s": ttl},
+        )
+        return s.get(Sandbox, sandbox_id, populate_existing=True)
+
+
+def release(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
+    """End the lease and destroy the sandbox (in the background). Idempotent on ended ones."""
+    row = get_owned(ctx, principal, sandbox_id)
+    if row.state in ("released", "expired", "failed"):
+        return row
+    with ctx.db.session() as s:
+        ok = s.execute(
+            update(Sandbox)
+            .where(Sandbox.id == sandbox_id, Sandbox.state.in_(("leased", "starting")))
+            .values(state="released", ended_at=utcnow())
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not ok:
+            raise Conflict(f"sandbox {sandbox_id} is {row.state}; retry when it settles")
+        tenants.release(s, row.tenant_id, Resources(1, row.cpus, row.memory_mb))
+        audit.record(
+            s,
+            "sandbox.release",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=sandbox_id,
+        )
+        out = s.get(Sandbox, sandbox_id, populate_existing=True)
+    ctx.pools.destroy_async(sandbox_id)
+    return out
+
+
+# -- exec -------------------------------------------------------------------------------
+
+
+def build_exec_request(
+    ctx: ServiceContext,
+    *,
+    cmd: str | list[str],
+    timeout_s: float,
+    cwd: str | None,
+    env: dict[str, bytes],
+    stdin: bytes,
+    max_output_bytes: int | None,
+) -> ExecRequest:
+    """Validate limits against settings and build the runtime request."""
+    if timeout_s > ctx.settings.max_exec_timeout_s:
+        raise InvalidRequest(
+            f"timeout_s {timeout_s} exceeds the maximum {ctx.settings.max_exec_timeout_s}",
+            field="timeout_s",
+        )
+    cap = ctx.settings.default_max_output_bytes if max_output_bytes is None else max_output_bytes
+    if cap > ctx.settings.max_output_bytes_limit:
+        raise InvalidRequest(
+            f"max_output_bytes {cap} exceeds the maximum {ctx.settings.max_output_bytes_limit}",
+            field="max_output_bytes",
+        )
+    if isinstance(cmd, list) and (not cmd or any("\0" in a for a in cmd)):
+        raise InvalidRequest("cmd must be a non-empty list of strings without NUL", field="cmd")
+    if isinstance(cmd, str) and ("\0" in cmd or not cmd.strip()):
+        raise InvalidRequest("cmd must be a non-empty string without NUL", field="cmd")
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k or b"\0" in v:
+            raise InvalidRequest(
+                f"invalid env entry {k!r}: names need no '=' or NUL, values no NUL", field="env"
+            )
+    if cwd is not None and "\0" in cwd:
+        raise InvalidRequest("cwd must not contain NUL", field="cwd")
+    return ExecRequest(
+        cmd=cmd, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin, max_output_bytes=cap
+    )
+
+
+def _audit_exec(
+    ctx: ServiceContext,
+    principal: Principal,
+    row: Sandbox,
+    req: ExecRequest,
+    res: ExecResult | None,
+    error: str | None = None,
+) -> None:
+    cmd = req.cmd if isinstance(req.cmd, str) else " ".join(req.cmd)
+    details: dict[str, Any] = {
+        "cmd": cmd[:4096],
+        "cmd_truncated": len(cmd) > 4096,
+        "timeout_s": req.timeout_s,
+        "stdin_bytes": len(req.stdin),
+    }
+    if res is not None:
+        details.update(
+            exit_code=res.exit_code,
+            timed_out=res.timed_out,
+            oom_killed=res.oom_killed,
+            stdout_bytes=res.stdout_total_bytes,
+            stderr_bytes=res.stderr_total_bytes,
+            duration_ms=round(res.duration_ms, 3),
+        )
+    if error:
+        details["error"] = error[:500]
+    with ctx.db.session() as s:
+        audit.record(
+            s,
+            "sandbox.exec",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=row.id,
+            details=details,
+        )
+
+
+def _runtime_failure(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, e: CrucibleError
+) -> CrucibleError:
+    """A runtime error on a sandbox that ended meanwhile is a Conflict, not a 502."""
+    try:
+        get_live(ctx, principal, sandbox_id)
+    except (Conflict, NotFound) as gone:
+        return gone
+    return e
+
+
+def exec_command(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, req: ExecRequest
+) -> ExecResult:
+    """Run one command in a leased sandbox and audit it."""
+    row = get_live(ctx, principal, sandbox_id)
+    try:
+        res = ctx.runtime.exec(row.container_id, req)
+    except CrucibleError as e:
+        _audit_exec(ctx, principal, row, req, None, error=e.detail)
+        raise _runtime_failure(ctx, principal, sandbox_id, e) from e
+    _audit_exec(ctx, principal, row, req, res)
+    return res
+
+
+def exec_stream(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, req: ExecRequest
+) -> Iterator[ExecChunk | ExecResult]:
+    """Like ``exec_command`` but yields chunks as they come, then the result.
+
+    Validation happens before the first item, so errors surface as HTTP errors.
+    """
+    row = get_live(ctx, principal, sandbox_id)
+    stream = ctx.runtime.exec_stream(row.container_id, req)
+
+    def gen() -> Iterator[ExecChunk | ExecResult]:
+        result: ExecResult | None = None
+        try:
+            for item in stream:
+                if isinstance(item, ExecResult):
+                    result = item
+                yield item
+        finally:
+            _audit_exec(
+                ctx,
+                principal,
+                row,
+                req,
+                result,
+                error=None if result else "stream ended without a result",
+            )
+
+    return gen()
+
+
+# -- snapshots and forks ----------------------------------------------------------------
+
+
+def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snapshot:
+    """Freeze the sandbox's filesystem (pause, commit, unpause) into a snapshot."""
+    row = get_live(ctx, principal, sandbox_id)
+    with ctx.db.session() as s:
+        ok = s.execute(
+            update(Sandbox)
+            .where(Sandbox.id == sandbox_id, Sandbox.state == "leased")
+            .values(state="snapshotting")
+            .execution_options(synchronize_session=False)
+        ).rowcount
+    if not ok:
+        raise Conflict(f"sandbox {sandbox_id} is busy or no longer leased")
+    snap_id = new_id("snap")
+    repo = f"{ctx.settings.image_prefix}-snapshots/{ctx.settings.deployment}".lower()
+    t0 = time.perf_counter()
+    try:
+        image_id = ctx.runtime.snapshot(row.container_id, repository=repo, tag=snap_id)
+    finally:
+        with ctx.db.session() as s:
+            s.execute(
+                update(Sandbox)
+                .where(Sandbox.id == sandbox_id, Sandbox.state == "snapshotting")
+                .values(state="leased")
+                .execution_options(synchronize_session=False)
+            )
+    with ctx.db.session() as s:
+        snap = Snapshot(
+            id=snap_id,
+            deployment=ctx.settings.deployment,
+            sandbox_id=sandbox_id,
+            tenant_id=row.tenant_id,
+            template=row.template,
+            image=f"{repo}:{snap_id}",
+            image_id=image_id,
+        )
+        s.add(snap)
+        audit.record(
+            s,
+            "sandbox.snapshot",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=sandbox_id,
+            details={
+                "snapshot_id": snap_id,
+                "image_id": image_id,
+                "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
+            },
+        )
+        s.flush()
+        return snap
+
+
+def get_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str) -> Snapshot:
+    """The tenant's snapshot; ``NotFound`` for unknown, deleted or foreign ids."""
+    with ctx.db.session() as s:
+        snap = s.get(Snapshot, snapshot_id)
+    if (
+        snap is None
+        or snap.deleted_at is not None
+        or (snap.tenant_id != principal.tenant_id and not principal.is_admin)
+    ):
+        raise NotFound(f"no snapshot {snapshot_id!r}", field="snapshot_id")
+    return snap
+
+
+def delete_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str) -> None:
+    """Delete a snapshot and its image (sandboxes forked from it keep running)."""
+    snap = get_snapshot(ctx, principal, snapshot_id)
+    with ctx.db.session() as s:
+        s.execute(
+            update(Snapshot)
+            .where(Snapshot.id == snapshot_id)
+            .values(deleted_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        audit.record(
+            s,
+            "snapshot.delete",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=snap.sandbox_id,
+            details={"snapshot_id": snapshot_id},
+        )
+    ctx.runtime.remove_image(snap.image)
+
+
+def fork(
+    ctx: ServiceContext,
+    principal: Principal,
+    snapshot_id: str,
+    *,
+    n: int,
+    ttl_s: int | None,
+    metadata: dict[str, Any],
+) -> list[Sandbox]:
+    """Start ``n`` sandboxes from a snapshot, all or nothing (a GRPO group's identical start).
+
+    Raises:
+        QuotaExceeded: the n sandboxes do not fit. SandboxError: a start failed (all are undone).
+    """
+    if n > ctx.settings.max_fork_n:
+        raise InvalidRequest(f"n {n} exceeds the maximum {ctx.settings.max_fork_n}", field="n")
+    snap = get_snapshot(ctx, principal, snapshot_id)
+    tpl = ctx.templates.get(snap.template)
+    ttl = _ttl(ctx, ttl_s)
+    need = Resources(n, tpl.cpus * n, tpl.memory_mb * n)
+    ids = [new_id("sb") for _ in range(n)]
+    try:
+        with ctx.db.session() as s:
+            tenants.reserve(s, principal.tenant_id, need)
+            for i, sid in enumerate(ids):
+                s.add(
+                    Sandbox(
+                        id=sid,
+                        deployment=ctx.settings.deployment,
+                        template=tpl.name,
+                        image=snap.image,
+                        state="starting",
+                        tenant_id=principal.tenant_id,
+                        cpus=tpl.cpus,
+                        memory_mb=tpl.memory_mb,
+                        ttl_s=ttl,
+                        metadata_={**metadata, "fork_index": i},
+                        source_snapshot_id=snapshot_id,
+                    )
+                )
+    except QuotaExceeded as e:
+        _audit_refusal(ctx, principal, need, e, template=tpl.name, snapshot_id=snapshot_id)
+        raise
+
+    def start(i_sid: tuple[int, str]) -> Sandbox:
+        i, sid = i_sid
+        return _finish_cold_start(
+            ctx,
+            principal,
+            sid,
+            tpl,
+            ttl=ttl,
+            image=snap.image,
+            action="snapshot.fork",
+            extra={"snapshot_id": snapshot_id, "fork_index": i, "n": n},
+        )
+
+    with ThreadPoolExecutor(max_workers=min(n, 8)) as pool:
+        futures = [pool.submit(start, x) for x in enumerate(ids)]
+        results, errors = [], []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except CrucibleError as e:
+                errors.append(e)
+    if errors:
+        for sb in results:
+            release(ctx, principal, sb.id)
+        raise SandboxError(
+            f"fork of {snapshot_id} failed for {len(errors)} of {n}: {errors[0].detail}"
+        )
+    return results

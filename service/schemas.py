@@ -1,0 +1,200 @@
+"""Pydantic schemas of the REST API v1, shared by the server and ``policy_client``.
+
+Bytes travel two ways: as text (UTF-8; invalid sequences become U+FFFD) and, on request,
+as base64 (``*_b64`` fields) so nothing is lost.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MetadataValue = str | int | float | bool | None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LeaseRequest(_Model):
+    """``POST /v1/sandboxes``: lease one sandbox of ``template`` for ``ttl_s`` seconds."""
+
+    template: str = Field(min_length=1, max_length=64)
+    ttl_s: int | None = Field(None, ge=1, description="Lease length; default from settings.")
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=64)
+
+
+class SandboxOut(_Model):
+    """A sandbox as its tenant sees it."""
+
+    id: str
+    template: str
+    state: Literal["starting", "warm", "leased", "snapshotting", "released", "expired", "failed"]
+    image: str
+    cpus: float
+    memory_mb: int
+    created_at: datetime
+    leased_at: datetime | None
+    expires_at: datetime | None
+    ended_at: datetime | None
+    metadata: dict[str, Any]
+    source_snapshot_id: str | None = None
+    failure: str | None = None
+
+
+class SandboxList(_Model):
+    """``GET /v1/sandboxes``."""
+
+    sandboxes: list[SandboxOut]
+
+
+class ExecIn(_Model):
+    """``POST /v1/sandboxes/{id}/exec``.
+
+    ``cmd``: a shell string (``/bin/sh -c``) or an argv list. ``env``/``stdin`` as text
+    (sent as UTF-8 bytes exactly) or ``env_b64``/``stdin_b64`` for arbitrary bytes.
+    ``max_output_bytes`` caps each of stdout and stderr (head and tail kept).
+    """
+
+    cmd: str | list[str] = Field(min_length=1)
+    timeout_s: float = Field(60.0, gt=0, le=24 * 3600)
+    cwd: str | None = Field(None, min_length=1, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    env_b64: dict[str, str] = Field(default_factory=dict, max_length=256)
+    stdin: str | None = None
+    stdin_b64: str | None = None
+    max_output_bytes: int | None = Field(None, ge=0)
+    output_b64: bool = Field(False, description="Also return raw stdout/stderr as base64.")
+
+
+class ExecOut(_Model):
+    """How a command ended. ``exit_code`` is 128+N when killed by signal N."""
+
+    exit_code: int
+    signal: int | None
+    timed_out: bool
+    oom_killed: bool
+    stdout: str
+    stderr: str
+    stdout_b64: str | None = None
+    stderr_b64: str | None = None
+    stdout_bytes: int = Field(description="Total bytes the command wrote to stdout.")
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: float
+
+
+class ExecStreamLine(_Model):
+    """One NDJSON line of a streaming exec: output chunks, then one ``result``."""
+
+    type: Literal["stdout", "stderr", "result"]
+    data: str | None = None
+    data_b64: str | None = None
+    result: ExecOut | None = None
+
+
+class HeartbeatIn(_Model):
+    """``POST /v1/sandboxes/{id}/heartbeat``: extend the lease to now + ``ttl_s``."""
+
+    ttl_s: int | None = Field(None, ge=1)
+
+
+class FileOut(_Model):
+    """Result of an upload."""
+
+    path: str
+    bytes: int
+    kind: Literal["file", "tar"]
+
+
+class SnapshotOut(_Model):
+    """A filesystem snapshot of a sandbox."""
+
+    id: str
+    sandbox_id: str
+    template: str
+    created_at: datetime
+
+
+class ForkIn(_Model):
+    """``POST /v1/snapshots/{id}/fork``: start ``n`` sandboxes from the snapshot."""
+
+    n: int = Field(1, ge=1)
+    ttl_s: int | None = Field(None, ge=1)
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=64)
+
+
+class ForkOut(_Model):
+    """The sandboxes a fork started, in order."""
+
+    snapshot_id: str
+    sandboxes: list[SandboxOut]
+
+
+class TemplateOut(_Model):
+    """A template (sandbox recipe)."""
+
+    name: str
+    image: str
+    description: str
+    cpus: float
+    memory_mb: int
+    pids_limit: int
+    nofile: int
+    disk_mb: int
+    network: str
+    workdir: str
+    files_root: str
+    user: str
+
+
+class PoolOut(_Model):
+    """Warm-pool levels of one template."""
+
+    template: str
+    target: int
+    warm: int
+    starting: int
+    leased: int
+
+
+class PoolIn(_Model):
+    """``PUT /v1/pools/{template}``."""
+
+    target_size: int = Field(ge=0, le=1000)
+
+
+class AuditEventOut(_Model):
+    """One audit event (hash-chained; see ``crucible audit verify``)."""
+
+    seq: int
+    ts: str
+    tenant_id: str | None
+    key_id: str | None
+    action: str
+    sandbox_id: str | None
+    details: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class AuditPage(_Model):
+    """A page of audit events; pass ``next_after`` as ``after`` for the next page."""
+
+    events: list[AuditEventOut]
+    next_after: int | None
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    field: str | None = None
+    errors: list[dict[str, Any]] | None = None
