@@ -60,12 +60,8 @@ def record(
 
     ``details`` must be JSON-serializable; it is stored and hashed as given.
     """
-    head_updated = session.execute(
-        update(AuditChain).where(AuditChain.id == 1).values(seq=AuditChain.seq + 1)
-    ).rowcount
-    if head_updated == 0:
-        session.add(AuditChain(id=1, seq=1, last_hash=GENESIS_HASH))
-        session.flush()
+    # The head row is created by the initial migration; this UPDATE takes its row lock.
+    session.execute(update(AuditChain).where(AuditChain.id == 1).values(seq=AuditChain.seq + 1))
     head = session.execute(select(AuditChain).where(AuditChain.id == 1)).scalar_one()
     session.refresh(head)
     ev = AuditEvent(

@@ -23,6 +23,13 @@ def upgrade() -> None:
         sa.Column("last_hash", sa.String(length=64), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
+    # The chain's single head row exists from the start, so appenders only ever UPDATE it
+    # (an INSERT-if-missing would race between the first two appenders).
+    op.execute(
+        sa.text("INSERT INTO audit_chain (id, seq, last_hash) VALUES (1, 0, :h)").bindparams(
+            h="0" * 64
+        )
+    )
     op.create_table(
         "audit_events",
         sa.Column("seq", sa.BigInteger(), autoincrement=False, nullable=False),
