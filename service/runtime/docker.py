@@ -1,0 +1,642 @@
+"""``DockerRuntime``: the ``SandboxRuntime`` protocol on a Docker engine (docker SDK).
+
+Every exec goes through ``crucible-exec`` (``service/runtime/supervisor/``), a static C
+supervisor on a read-only named volume mounted at ``/opt/crucible`` in every sandbox; the
+wire format is in ``service.runtime.protocol``. ``ensure_ready`` builds the supervisor once
+per source hash and fills the volume ``crucible-supervisor-<hash>``.
+
+Containers (see ``create``): the supervisor's ``--idle`` mode is the main process under
+docker-init (``init=True``), so images need no ``sleep``; network ``none`` unless the spec
+says ``bridge``; ``cap_drop=ALL`` plus ``DEFAULT_CAP_ADD`` plus the spec's ``cap_add``;
+``no-new-privileges``; memory = memory+swap; pids and open-files limits.
+
+Disk: the engine here (overlay2 without XFS project quotas) refuses ``storage_opt size=``,
+so the writable layer cannot be capped at create. The fallback is (1) ``tmpfs`` mounts from
+the spec for scratch space (hard size limit, charged to the sandbox's memory) and (2)
+``disk_usage_bytes``, the writable layer's size, for a monitor that acts on a template's
+``disk_mb`` (fail the lease, destroy the sandbox). Reading it walks the layer: poll gently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import Mount, Ulimit
+
+from service.errors import CrucibleError, NotFound, SandboxError
+from service.runtime.base import (
+    LABEL_DEPLOYMENT,
+    LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
+    ContainerInfo,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    SandboxSpec,
+)
+from service.runtime.protocol import (
+    DEFAULT_GRACE_MS,
+    FRAME_ERROR,
+    FRAME_PATH,
+    FRAME_RESULT,
+    ExecCollector,
+    Frame,
+    FrameDecoder,
+    encode_exec,
+    encode_mkdir,
+    encode_resolve,
+    raise_for_error,
+    supervisor_args,
+)
+
+SUPERVISOR_DIR = Path(__file__).resolve().parent / "supervisor"
+SUPERVISOR_SOURCES = ("Dockerfile", "crucible-exec.c")
+SUPERVISOR_MOUNT = "/opt/crucible"
+SUPERVISOR_PATH = f"{SUPERVISOR_MOUNT}/crucible-exec"
+SUPERVISOR_BUILD_REPOSITORY = "crucible/supervisor-build"
+
+LABEL_ROLE = "crucible.role"
+LABEL_SUPERVISOR = "crucible.supervisor"
+
+# Capabilities a sandbox's root keeps: enough for package managers, chown/chmod of any file,
+# switching to an unprivileged user (apt's _apt sandbox, su-less setuid in tools), signalling
+# its own processes and binding ports below 1024. Dropped on purpose (Docker keeps them by
+# default): MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT, AUDIT_WRITE.
+DEFAULT_CAP_ADD = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETUID",
+)
+
+# Images tried, in order, to build the supervisor when none is configured.
+DEFAULT_BUILDER_BASES = ("crucible/base:latest", "crucible/base:bootstrap")
+_ROOT_USERS = {"", "root", "0", "0:0", "root:root"}
+_READ_MARGIN_S = 30.0  # socket slack over an exec's timeout before the supervisor is presumed lost
+_DIAG_BYTES = 8192  # supervisor stderr kept for error messages
+_BUILD_TIMEOUT_S = 1800
+
+
+def supervisor_source_hash() -> str:
+    """12 hex digits of sha256 over the supervisor's sources (names and bytes)."""
+    digest = hashlib.sha256()
+    for name in SUPERVISOR_SOURCES:
+        digest.update(name.encode() + b"\0" + (SUPERVISOR_DIR / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+# --------------------------------------------------------------------- engine plumbing
+
+
+def _map_error(e: Exception, what: str) -> CrucibleError:
+    """The Crucible error for an engine error while doing ``what``."""
+    if isinstance(e, docker.errors.NotFound):
+        return NotFound(f"{what}: not found ({_explain(e)})")
+    if isinstance(e, docker.errors.APIError):
+        return SandboxError(f"{what}: engine error {e.status_code}: {_explain(e)}")
+    if isinstance(e, requests.exceptions.RequestException | OSError):
+        return SandboxError(f"{what}: Docker engine unreachable or timed out: {e}")
+    return SandboxError(f"{what}: {e}")
+
+
+def _explain(e: docker.errors.APIError) -> str:
+    explanation = e.explanation
+    if isinstance(explanation, bytes):
+        explanation = explanation.decode("utf-8", "replace")
+    return str(explanation or e)
+
+
+class _DockerDemux:
+    """Splits Docker's multiplexed attach stream (8-byte headers) into (stream, bytes)."""
+
+    _HEADER = struct.Struct(">BxxxI")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self.raw_text = False  # the engine wrote unframed text (e.g. an OCI exec error)
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Append ``data``; return complete (stream, payload) pairs (1 stdout, 2 stderr)."""
+        self._buf += data
+        out = []
+        while len(self._buf) >= self._HEADER.size and not self.raw_text:
+            stream, length = self._HEADER.unpack_from(self._buf)
+            if stream not in (0, 1, 2) or self._buf[1:4] != b"\0\0\0":
+                self.raw_text = True
+                break
+            end = self._HEADER.size + length
+            if len(self._buf) < end:
+                break
+            out.append((stream, bytes(self._buf[self._HEADER.size : end])))
+            del self._buf[:end]
+        return out
+
+    def leftover(self) -> bytes:
+        """Bytes not parsed as frames (all of them once ``raw_text`` is set)."""
+        return bytes(self._buf)
+
+
+class _ExecConnection:
+    """The hijacked connection of one ``exec_start``: read (buffered), write, close."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._raw = getattr(sock, "_sock", sock)
+        response = getattr(sock, "_response", None)
+        fp = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+        # Read through the HTTP response's buffer so no byte read along with the headers is lost.
+        self._reader = fp if hasattr(fp, "read1") else None
+        self._response = response
+
+    def settimeout(self, timeout_s: float | None) -> None:
+        self._raw.settimeout(timeout_s)
+
+    def send(self, data: bytes) -> None:
+        self._raw.sendall(data)
+
+    def recv(self) -> bytes:
+        if self._reader is not None:
+            return self._reader.read1(65536)
+        return self._raw.recv(65536)
+
+    def close(self) -> None:
+        for closer in (self._sock, self._raw, self._response):
+            with contextlib.suppress(Exception):
+                if closer is not None:
+                    closer.close()
+
+
+# ------------------------------------------------------------------------- the runtime
+
+
+class DockerRuntime:
+    """``SandboxRuntime`` on one Docker engine. Thread-safe; all methods block.
+
+    ``builder_base_image`` is the image the supervisor is compiled in (needs apt and a
+    Debian mirror); by default the first of ``DEFAULT_BUILDER_BASES`` that exists.
+    ``kill_grace_ms``: SIGTERM-to-SIGKILL grace of an exec timeout, in milliseconds.
+    ``api_timeout_s``: socket timeout of ordinary engine calls, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: docker.DockerClient | None = None,
+        docker_host: str | None = None,
+        builder_base_image: str | None = None,
+        default_cap_add: Sequence[str] = DEFAULT_CAP_ADD,
+        kill_grace_ms: int = DEFAULT_GRACE_MS,
+        api_timeout_s: float = 120.0,
+    ) -> None:
+        if client is None:
+            if docker_host:
+                client = docker.DockerClient(base_url=docker_host, timeout=api_timeout_s)
+            else:
+                client = docker.from_env(timeout=api_timeout_s)
+        self._client = client
+        self._api = client.api
+        self._builder_base_image = builder_base_image
+        self._default_cap_add = tuple(default_cap_add)
+        self._kill_grace_ms = kill_grace_ms
+        self._source_hash = supervisor_source_hash()
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> DockerRuntime:
+        """Build from ``service.config.Settings`` (``docker_host``, ``base_image``)."""
+        return cls(docker_host=settings.docker_host, builder_base_image=settings.base_image)
+
+    @property
+    def supervisor_volume(self) -> str:
+        """Name of the read-only volume holding this version of ``crucible-exec``."""
+        return f"crucible-supervisor-{self._source_hash}"
+
+    # ------------------------------------------------------------------ engine, readiness
+
+    def ping(self) -> bool:
+        """True when the engine answers."""
+        try:
+            return bool(self._api.ping())
+        except Exception:
+            return False
+
+    def ensure_ready(self) -> None:
+        """Build ``crucible-exec`` (once per source hash) and fill its volume. Idempotent.
+
+        Safe when several processes race: builds are tagged by hash and the binary lands in
+        the volume by an atomic rename. Raises ``SandboxError`` when it cannot.
+        """
+        with self._ready_lock:
+            if self._ready:
+                return
+            try:
+                self._ensure_supervisor_volume()
+            except CrucibleError:
+                raise
+            except Exception as e:
+                raise _map_error(e, "preparing the exec supervisor") from e
+            self._ready = True
+
+    def _ensure_supervisor_volume(self) -> None:
+        volume = self.supervisor_volume
+        labels = {LABEL_ROLE: "supervisor", LABEL_SUPERVISOR: self._source_hash}
+        self._client.volumes.create(name=volume, labels=labels)  # returns it if it exists
+        expected = f"crucible-exec {self._source_hash}"
+        if self._volume_version(volume) == expected:
+            return
+        image = self._ensure_builder_image()
+        script = (
+            'set -e; t=$(mktemp /out/.crucible-exec.XXXXXX); cp /build/crucible-exec "$t"; '
+            'chmod 0755 "$t"; mv -f "$t" /out/crucible-exec'
+        )
+        mount = Mount(target="/out", source=volume, type="volume")
+        self._run_helper(image, ["/bin/sh", "-c", script], mount)
+        found = self._volume_version(volume)
+        if found != expected:
+            raise SandboxError(f"supervisor volume {volume} holds {found!r}, expected {expected!r}")
+
+    def _volume_version(self, volume: str) -> str | None:
+        """What ``crucible-exec --version`` in the volume prints (None when it cannot run)."""
+        mount = Mount(target=SUPERVISOR_MOUNT, source=volume, type="volume", read_only=True)
+        image = self._builder_base()
+        try:
+            return self._run_helper(image, [SUPERVISOR_PATH, "--version"], mount).strip()
+        except SandboxError:
+            return None
+
+    def _run_helper(self, image: str, entrypoint: list[str], mount: Mount) -> str:
+        """Run a short-lived labelled helper container; return its output or raise."""
+        try:
+            container = self._client.containers.create(
+                image,
+                entrypoint=entrypoint,
+                command=[],
+                mounts=[mount],
+                network_mode="none",
+                labels={LABEL_ROLE: "supervisor-helper"},
+            )
+        except docker.errors.APIError as e:
+            raise SandboxError(f"helper container on {image}: {_explain(e)}") from e
+        try:
+            container.start()
+            status = container.wait(timeout=120)
+            output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        except docker.errors.APIError as e:
+            raise SandboxError(f"helper container on {image}: {_explain(e)}") from e
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+        if status.get("StatusCode") != 0:
+            raise SandboxError(f"helper container {entrypoint!r} failed: {output[-2000:]}")
+        return output
+
+    def _builder_base(self) -> str:
+        candidates = [self._builder_base_image] if self._builder_base_image else []
+        candidates += DEFAULT_BUILDER_BASES
+        for image in candidates:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                self._api.inspect_image(image)
+                return image
+        raise SandboxError(
+            f"no image to build the exec supervisor in (tried {', '.join(candidates)}); "
+            "build the base image first (`crucible images build`)"
+        )
+
+    def _ensure_builder_image(self) -> str:
+        tag = f"{SUPERVISOR_BUILD_REPOSITORY}:{self._source_hash}"
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            self._api.inspect_image(tag)
+            return tag
+        try:
+            self._client.images.build(
+                path=str(SUPERVISOR_DIR),
+                tag=tag,
+                buildargs={
+                    "BASE_IMAGE": self._builder_base(),
+                    "CRUCIBLE_EXEC_VERSION": self._source_hash,
+                },
+                labels={LABEL_ROLE: "supervisor-build", LABEL_SUPERVISOR: self._source_hash},
+                rm=True,
+                forcerm=True,
+                pull=False,
+                timeout=_BUILD_TIMEOUT_S,
+            )
+        except docker.errors.BuildError as e:
+            log = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in e.build_log)
+            raise SandboxError(f"building the exec supervisor failed: {e}\n{log[-3000:]}") from e
+        return tag
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def create(self, spec: SandboxSpec) -> str:
+        """Create and start a container for ``spec``; return its engine id.
+
+        Runs ``ensure_ready`` first if needed. Raises ``NotFound`` for a missing image,
+        ``SandboxError`` otherwise (a half-made container is removed).
+        """
+        self.ensure_ready()
+        try:
+            container = self._client.containers.create(spec.image, **self._create_kwargs(spec))
+        except Exception as e:
+            raise _map_error(e, f"creating sandbox {spec.sandbox_id} from {spec.image}") from e
+        try:
+            container.start()
+            if spec.user not in _ROOT_USERS:
+                self._own_workdir(container.id, spec)
+        except Exception as e:
+            self.destroy(container.id)
+            if isinstance(e, CrucibleError):
+                raise
+            raise _map_error(e, f"starting sandbox {spec.sandbox_id}") from e
+        return container.id
+
+    def _create_kwargs(self, spec: SandboxSpec) -> dict[str, Any]:
+        labels = {
+            **spec.extra_labels,
+            LABEL_SANDBOX_ID: spec.sandbox_id,
+            LABEL_TEMPLATE: spec.template,
+            LABEL_DEPLOYMENT: spec.deployment,
+            LABEL_SUPERVISOR: self._source_hash,
+        }
+        supervisor = Mount(
+            target=SUPERVISOR_MOUNT,
+            source=self.supervisor_volume,
+            type="volume",
+            read_only=True,
+            no_copy=True,
+        )
+        tmpfs = {
+            path: f"rw,nosuid,nodev,exec,size={size},mode=1777" for path, size in spec.tmpfs.items()
+        }
+        return {
+            "entrypoint": [SUPERVISOR_PATH, "--idle"],
+            "command": [],
+            "init": True,
+            "labels": labels,
+            "nano_cpus": int(spec.cpus * 1e9),
+            "mem_limit": spec.memory_bytes,
+            "memswap_limit": spec.memory_bytes,
+            "pids_limit": spec.pids_limit,
+            "ulimits": [Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile)],
+            "network_mode": "bridge" if spec.network == "bridge" else "none",
+            "cap_drop": ["ALL"],
+            "cap_add": sorted({*self._default_cap_add, *spec.cap_add}),
+            "security_opt": ["no-new-privileges"],
+            "working_dir": spec.workdir,
+            "user": spec.user,
+            "environment": dict(spec.env),
+            "tmpfs": tmpfs,
+            "mounts": [supervisor],
+            "detach": True,
+        }
+
+    def _own_workdir(self, container_id: str, spec: SandboxSpec) -> None:
+        """Give a non-root template user its workdir (the engine creates it root-owned)."""
+        record = encode_mkdir(spec.workdir, owner=spec.user)
+        for frame in self._supervise(container_id, record, user="0", read_timeout_s=60.0):
+            if frame.kind == FRAME_ERROR:
+                raise_for_error(frame)
+
+    def destroy(self, container_id: str) -> None:
+        """Kill and remove the container and its anonymous volumes (missing is fine)."""
+        try:
+            self._api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as e:
+            if e.status_code == 409 and "already in progress" in _explain(e):
+                return
+            raise _map_error(e, f"destroying container {container_id}") from e
+        except Exception as e:
+            raise _map_error(e, f"destroying container {container_id}") from e
+
+    def list(self, *, deployment: str) -> list[ContainerInfo]:
+        """All containers (any state) labelled with this deployment."""
+        try:
+            rows = self._api.containers(
+                all=True, filters={"label": f"{LABEL_DEPLOYMENT}={deployment}"}
+            )
+        except Exception as e:
+            raise _map_error(e, f"listing deployment {deployment}") from e
+        return [self._info(row) for row in rows]
+
+    @staticmethod
+    def _info(row: dict[str, Any]) -> ContainerInfo:
+        labels = row.get("Labels") or {}
+        return ContainerInfo(
+            container_id=row["Id"],
+            sandbox_id=labels.get(LABEL_SANDBOX_ID),
+            template=labels.get(LABEL_TEMPLATE),
+            deployment=labels.get(LABEL_DEPLOYMENT),
+            status=row.get("State", ""),
+            labels=labels,
+        )
+
+    def disk_usage_bytes(self, container_id: str) -> int:
+        """Size of the container's writable layer in bytes (the engine walks it: not cheap)."""
+        try:
+            info = self._api.inspect_container(container_id, size=True)
+        except Exception as e:
+            raise _map_error(e, f"container {container_id}") from e
+        return int(info.get("SizeRw") or 0)
+
+    # ------------------------------------------------------------------------------ exec
+
+    def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
+        """Run ``request`` to completion (or timeout); see ``service.runtime.protocol``.
+
+        Raises ``InvalidRequest`` (bad request, missing ``cwd``), ``NotFound`` (container
+        gone) or ``SandboxError`` (container not running, supervisor failure).
+        """
+        result = None
+        for item in self.exec_stream(container_id, request):
+            if isinstance(item, ExecResult):
+                result = item
+        assert result is not None  # exec_stream raises when no result arrives
+        return result
+
+    def exec_stream(
+        self, container_id: str, request: ExecRequest
+    ) -> Iterator[ExecChunk | ExecResult]:
+        """Run ``request``, yielding output chunks, then exactly one ``ExecResult``.
+
+        Chunks of the head of each stream come live; when a stream exceeds
+        ``max_output_bytes`` its kept tail comes as chunks just before the result. Per
+        stream the chunks add up to the result's ``stdout``/``stderr``. Closing the
+        generator early stops the command (the supervisor kills its process group).
+        """
+        record = encode_exec(request, grace_ms=self._kill_grace_ms)
+        collector = ExecCollector()
+        read_timeout_s = request.timeout_s + self._kill_grace_ms / 1000 + _READ_MARGIN_S
+        frames = self._supervise(
+            container_id, record, user=request.user, read_timeout_s=read_timeout_s
+        )
+        with contextlib.closing(frames):
+            for frame in frames:
+                item = collector.add(frame)
+                if isinstance(item, ExecResult):
+                    yield self._with_oom_fallback(container_id, item, collector.oom_known)
+                elif item is not None:
+                    yield item
+
+    def _with_oom_fallback(self, container_id: str, result: ExecResult, known: bool) -> ExecResult:
+        """Where the sandbox cannot read its OOM counter, use the engine's sticky flag."""
+        if known or result.exit_code != 137:
+            return result
+        try:
+            state = self._api.inspect_container(container_id)["State"]
+        except Exception:
+            return result
+        return dataclasses.replace(result, oom_killed=bool(state.get("OOMKilled")))
+
+    def resolve_path(self, container_id: str, path: str, *, create_parents: bool = False) -> str:
+        """Resolve absolute ``path`` inside the container (symlinks of the existing prefix
+        followed, the missing rest appended, like ``realpath -m``); with ``create_parents``
+        also ``mkdir -p`` the resolved path's parent, as the template's user.
+
+        Raises ``InvalidRequest`` (field ``path``) for a relative or unresolvable path.
+        """
+        record = encode_resolve(path, create_parents=create_parents)
+        resolved = None
+        for frame in self._supervise(container_id, record, user=None, read_timeout_s=60.0):
+            if frame.kind == FRAME_ERROR:
+                raise_for_error(frame)
+            if frame.kind == FRAME_PATH:
+                resolved = os.fsdecode(frame.payload)
+        if resolved is None:
+            raise SandboxError(f"exec supervisor resolved no path for {path!r}")
+        return resolved
+
+    def _supervise(
+        self, container_id: str, record: bytes, *, user: str | None, read_timeout_s: float
+    ) -> Iterator[Frame]:
+        """Run the supervisor on ``record``; yield its frames up to the final R or X frame."""
+        args, stdin = supervisor_args(record)
+        what = f"exec in container {container_id}"
+        try:
+            exec_id = self._api.exec_create(
+                container_id,
+                [SUPERVISOR_PATH, *args],
+                stdout=True,
+                stderr=True,
+                stdin=stdin is not None,
+                user=user or "",
+            )["Id"]
+            conn = _ExecConnection(self._api.exec_start(exec_id, socket=True))
+        except Exception as e:
+            raise _map_error(e, what) from e
+        try:
+            conn.settimeout(read_timeout_s)
+            if stdin is not None:
+                conn.send(stdin)
+            yield from self._read_frames(conn, exec_id, what)
+        except (OSError, requests.exceptions.RequestException) as e:
+            raise SandboxError(f"{what}: connection to the exec supervisor failed: {e}") from e
+        finally:
+            conn.close()
+
+    def _read_frames(self, conn: _ExecConnection, exec_id: str, what: str) -> Iterator[Frame]:
+        demux, decoder, diag = _DockerDemux(), FrameDecoder(), bytearray()
+        while data := conn.recv():
+            for stream, payload in demux.feed(data):
+                if stream != 1:
+                    diag += payload[: max(0, _DIAG_BYTES - len(diag))]
+                    continue
+                for frame in decoder.feed(payload):
+                    yield frame
+                    if frame.kind in (FRAME_RESULT, FRAME_ERROR):
+                        return
+            if demux.raw_text:
+                diag += demux.leftover()[:_DIAG_BYTES]
+                break
+        raise SandboxError(
+            f"{what}: the exec supervisor ended without a result ({self._exit_note(exec_id, diag)})"
+        )
+
+    def _exit_note(self, exec_id: str, diag: bytes) -> str:
+        try:
+            code = self._api.exec_inspect(exec_id).get("ExitCode")
+        except Exception:
+            code = None
+        text = bytes(diag).decode("utf-8", "replace").strip()
+        return f"exit code {code}" + (f": {text[-2000:]}" if text else "")
+
+    # ---------------------------------------------------------------- files and images
+
+    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
+        """Extract a tar (validated by the caller) into existing ``dest_dir``.
+
+        Raises ``NotFound`` when the container or ``dest_dir`` is missing (the message
+        says which), ``SandboxError`` otherwise.
+        """
+        try:
+            ok = self._api.put_archive(container_id, dest_dir, tar_bytes)
+        except Exception as e:
+            raise self._map_path_error(e, container_id, dest_dir) from e
+        if not ok:
+            raise SandboxError(f"extracting into {dest_dir} of container {container_id} failed")
+
+    def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
+        """A tar of ``path`` from the container, streamed in chunks (errors raise at call)."""
+        try:
+            stream, _stat = self._api.get_archive(container_id, path, chunk_size=1 << 16)
+        except Exception as e:
+            raise self._map_path_error(e, container_id, path) from e
+        return self._guard_stream(stream, f"reading {path} from container {container_id}")
+
+    @staticmethod
+    def _guard_stream(stream: Iterator[bytes], what: str) -> Iterator[bytes]:
+        try:
+            yield from stream
+        except Exception as e:
+            raise _map_error(e, what) from e
+
+    @staticmethod
+    def _map_path_error(e: Exception, container_id: str, path: str) -> CrucibleError:
+        if isinstance(e, docker.errors.NotFound) and "container" not in _explain(e).lower():
+            return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
+        return _map_error(e, f"container {container_id}, path {path}")
+
+    def snapshot(self, container_id: str, *, repository: str, tag: str) -> str:
+        """Commit the container's filesystem to ``repository:tag``; return the image id.
+
+        The engine pauses the container for the commit and unpauses it afterwards, also
+        when the commit fails (commit's ``pause=True``). Volumes and tmpfs are not included.
+        """
+        try:
+            image = self._api.commit(container_id, repository=repository, tag=tag, pause=True)
+        except Exception as e:
+            raise _map_error(e, f"snapshot of container {container_id}") from e
+        return image["Id"]
+
+    def remove_image(self, image: str) -> None:
+        """Delete an image (missing is fine). ``SandboxError`` while containers use it."""
+        try:
+            self._api.remove_image(image)
+        except docker.errors.ImageNotFound:
+            return
+        except Exception as e:
+            raise _map_error(e, f"removing image {image}") from e
+
+    def image_digest(self, image: str) -> str:
+        """The image's content id (``sha256:...``); ``NotFound`` when absent."""
+        try:
+            return self._api.inspect_image(image)["Id"]
+        except Exception as e:
+            raise _map_error(e, f"image {image}") from e
