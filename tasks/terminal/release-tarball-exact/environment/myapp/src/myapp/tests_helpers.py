@@ -1,0 +1,1 @@
+# not a test dir: must be shipped
