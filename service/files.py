@@ -148,9 +148,11 @@ def put(
     try:
         if is_tar:
             tar, _ = sanitize_tar(data, uid=tpl.uid, gid=tpl.gid)
-            dest = _resolve(
-                ctx, row.container_id, posixpath.join(target, "."), tpl, create_parents=True
-            )
+            # Resolving a child of ``target`` with create_parents makes ``target`` itself
+            # (mkdir -p) and returns its resolved path as the child's parent.
+            child = _resolve(ctx, row.container_id, posixpath.join(target, "_"), tpl,
+                             create_parents=True)
+            dest = posixpath.dirname(child)
         else:
             if target == "/" or path.endswith("/"):
                 raise InvalidRequest(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from sqlalchemy import update
@@ -74,7 +75,7 @@ def _container_of(stack: Stack, sid: str) -> str:
 
 def test_audit_verify_cli_names_first_broken_event(stack: Stack) -> None:
     env = {**os.environ, "CRUCIBLE_DATABASE_URL": stack.ctx.db.url}
-    cmd = [sys.executable, "-m", "service.cli", "audit", "verify", "--json"]
+    cmd = [str(Path(sys.executable).parent / "crucible"), "audit", "verify", "--json"]
     ok = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert '"first_broken_seq": null' in ok.stdout
