@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import posixpath
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
-from service.errors import CrucibleError, NotFound, SandboxError
+from service.errors import CrucibleError, InvalidRequest, NotFound, SandboxError
 from service.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_SANDBOX_ID,
@@ -54,6 +55,7 @@ from service.runtime.protocol import (
     Frame,
     FrameDecoder,
     encode_exec,
+    encode_kill,
     encode_mkdir,
     encode_resolve,
     raise_for_error,
@@ -68,6 +70,7 @@ SUPERVISOR_BUILD_REPOSITORY = "crucible/supervisor-build"
 
 LABEL_ROLE = "crucible.role"
 LABEL_SUPERVISOR = "crucible.supervisor"
+LABEL_USER = "crucible.user"  # the template's user: the default user of execs
 
 # Capabilities a sandbox's root keeps: enough for package managers, chown/chmod of any file,
 # switching to an unprivileged user (apt's _apt sandbox, su-less setuid in tools), signalling
@@ -90,6 +93,7 @@ _ROOT_USERS = {"", "root", "0", "0:0", "root:root"}
 _READ_MARGIN_S = 30.0  # socket slack over an exec's timeout before the supervisor is presumed lost
 _DIAG_BYTES = 8192  # supervisor stderr kept for error messages
 _BUILD_TIMEOUT_S = 1800
+_TAR_MAX_BYTES = 1 << 30  # tar of a tmpfs path: kept whole up to 512 MiB (the head)
 
 
 def supervisor_source_hash() -> str:
@@ -119,6 +123,27 @@ def _explain(e: docker.errors.APIError) -> str:
     if isinstance(explanation, bytes):
         explanation = explanation.decode("utf-8", "replace")
     return str(explanation or e)
+
+
+def _engine_exec_error(text: bytes, what: str) -> CrucibleError:
+    """The error for a message the engine wrote instead of starting the supervisor."""
+    message = text.decode("utf-8", "replace").strip()[:2000]
+    if "unable to find user" in message or "no matching entries in passwd" in message:
+        return InvalidRequest(message, field="user")
+    return SandboxError(f"{what}: the engine could not start the exec supervisor: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ContainerMeta:
+    """``user``: the template's user (default user of execs); ``tmpfs``: tmpfs mount paths."""
+
+    user: str
+    tmpfs: tuple[str, ...]
+
+    def on_tmpfs(self, path: str) -> bool:
+        """True when ``path`` lies on one of the tmpfs mounts."""
+        path = posixpath.normpath(path)
+        return any(path == m or path.startswith(m.rstrip("/") + "/") for m in self.tmpfs)
 
 
 class _DockerDemux:
@@ -216,6 +241,8 @@ class DockerRuntime:
         self._source_hash = supervisor_source_hash()
         self._ready = False
         self._ready_lock = threading.Lock()
+        self._meta: dict[str, _ContainerMeta] = {}  # by container id
+        self._meta_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Any) -> DockerRuntime:
@@ -355,6 +382,7 @@ class DockerRuntime:
             container = self._client.containers.create(spec.image, **self._create_kwargs(spec))
         except Exception as e:
             raise _map_error(e, f"creating sandbox {spec.sandbox_id} from {spec.image}") from e
+        self._remember(container.id, _ContainerMeta(user=spec.user, tmpfs=tuple(spec.tmpfs)))
         try:
             container.start()
             if spec.user not in _ROOT_USERS:
@@ -373,6 +401,7 @@ class DockerRuntime:
             LABEL_TEMPLATE: spec.template,
             LABEL_DEPLOYMENT: spec.deployment,
             LABEL_SUPERVISOR: self._source_hash,
+            LABEL_USER: spec.user,
         }
         supervisor = Mount(
             target=SUPERVISOR_MOUNT,
@@ -399,7 +428,9 @@ class DockerRuntime:
             "cap_add": sorted({*self._default_cap_add, *spec.cap_add}),
             "security_opt": ["no-new-privileges"],
             "working_dir": spec.workdir,
-            "user": spec.user,
+            # The container runs as root and execs switch to the template's user: the engine
+            # gives no capabilities to root execs of a container configured as non-root.
+            "user": "0:0",
             "environment": dict(spec.env),
             "tmpfs": tmpfs,
             "mounts": [supervisor],
@@ -415,6 +446,8 @@ class DockerRuntime:
 
     def destroy(self, container_id: str) -> None:
         """Kill and remove the container and its anonymous volumes (missing is fine)."""
+        with self._meta_lock:
+            self._meta.pop(container_id, None)
         try:
             self._api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
@@ -451,10 +484,12 @@ class DockerRuntime:
     def disk_usage_bytes(self, container_id: str) -> int:
         """Size of the container's writable layer in bytes (the engine walks it: not cheap)."""
         try:
-            info = self._api.inspect_container(container_id, size=True)
+            rows = self._api.containers(all=True, size=True, filters={"id": container_id})
         except Exception as e:
             raise _map_error(e, f"container {container_id}") from e
-        return int(info.get("SizeRw") or 0)
+        if not rows:
+            raise NotFound(f"container {container_id}: not found")
+        return int(rows[0].get("SizeRw") or 0)
 
     # ------------------------------------------------------------------------------ exec
 
@@ -479,21 +514,64 @@ class DockerRuntime:
         Chunks of the head of each stream come live; when a stream exceeds
         ``max_output_bytes`` its kept tail comes as chunks just before the result. Per
         stream the chunks add up to the result's ``stdout``/``stderr``. Closing the
-        generator early stops the command (the supervisor kills its process group).
+        generator early (or losing the supervisor) stops the command: its process group
+        gets SIGTERM, then SIGKILL after the grace.
         """
         record = encode_exec(request, grace_ms=self._kill_grace_ms)
         collector = ExecCollector()
         read_timeout_s = request.timeout_s + self._kill_grace_ms / 1000 + _READ_MARGIN_S
         frames = self._supervise(
-            container_id, record, user=request.user, read_timeout_s=read_timeout_s
+            container_id,
+            record,
+            user=request.user or self._container_meta(container_id).user,
+            read_timeout_s=read_timeout_s,
         )
-        with contextlib.closing(frames):
-            for frame in frames:
-                item = collector.add(frame)
-                if isinstance(item, ExecResult):
-                    yield self._with_oom_fallback(container_id, item, collector.oom_known)
-                elif item is not None:
-                    yield item
+        try:
+            with contextlib.closing(frames):
+                for frame in frames:
+                    item = collector.add(frame)
+                    if isinstance(item, ExecResult):
+                        yield self._with_oom_fallback(container_id, item, collector.oom_known)
+                    elif item is not None:
+                        yield item
+        finally:
+            if collector.result is None and collector.pid is not None:
+                self._cancel(container_id, collector.pid, user=request.user)
+
+    def _cancel(self, container_id: str, pgid: int, *, user: str | None) -> None:
+        """Best effort: stop an exec's process group whose caller went away."""
+        record = encode_kill(pgid, grace_ms=self._kill_grace_ms)
+        user = user or self._container_meta(container_id).user
+        with contextlib.suppress(CrucibleError):
+            for _ in self._supervise(container_id, record, user=user, read_timeout_s=30.0):
+                pass
+
+    def _container_meta(self, container_id: str) -> _ContainerMeta:
+        """What execs and file calls need to know of a container, cached per runtime.
+
+        An unknown container gives empty metadata (its exec then reports NotFound).
+        """
+        with self._meta_lock:
+            meta = self._meta.get(container_id)
+        if meta is not None:
+            return meta
+        try:
+            info = self._api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return _ContainerMeta(user="", tmpfs=())
+        except Exception as e:
+            raise _map_error(e, f"container {container_id}") from e
+        labels = info["Config"].get("Labels") or {}
+        tmpfs = tuple((info["HostConfig"].get("Tmpfs") or {}).keys())
+        meta = _ContainerMeta(user=labels.get(LABEL_USER, ""), tmpfs=tmpfs)
+        self._remember(container_id, meta)
+        return meta
+
+    def _remember(self, container_id: str, meta: _ContainerMeta) -> None:
+        with self._meta_lock:
+            if len(self._meta) > 10_000:
+                self._meta.clear()
+            self._meta[container_id] = meta
 
     def _with_oom_fallback(self, container_id: str, result: ExecResult, known: bool) -> ExecResult:
         """Where the sandbox cannot read its OOM counter, use the engine's sticky flag."""
@@ -514,7 +592,8 @@ class DockerRuntime:
         """
         record = encode_resolve(path, create_parents=create_parents)
         resolved = None
-        for frame in self._supervise(container_id, record, user=None, read_timeout_s=60.0):
+        user = self._container_meta(container_id).user
+        for frame in self._supervise(container_id, record, user=user, read_timeout_s=60.0):
             if frame.kind == FRAME_ERROR:
                 raise_for_error(frame)
             if frame.kind == FRAME_PATH:
@@ -558,7 +637,11 @@ class DockerRuntime:
                 if stream != 1:
                     diag += payload[: max(0, _DIAG_BYTES - len(diag))]
                     continue
-                for frame in decoder.feed(payload):
+                try:
+                    frames = decoder.feed(payload)
+                except SandboxError as e:  # the engine, not the supervisor, wrote this
+                    raise _engine_exec_error(payload, what) from e
+                for frame in frames:
                     yield frame
                     if frame.kind in (FRAME_RESULT, FRAME_ERROR):
                         return
@@ -583,8 +666,13 @@ class DockerRuntime:
         """Extract a tar (validated by the caller) into existing ``dest_dir``.
 
         Raises ``NotFound`` when the container or ``dest_dir`` is missing (the message
-        says which), ``SandboxError`` otherwise.
+        says which), ``SandboxError`` otherwise. The engine's archive API does not see
+        tmpfs mounts, so there the tar is extracted by ``tar -x`` in the sandbox (as root,
+        like the engine; the image needs ``tar``).
         """
+        if self._container_meta(container_id).on_tmpfs(dest_dir):
+            self._tar_in_sandbox(container_id, ["-x", "-f", "-", "-C", dest_dir], tar_bytes)
+            return
         try:
             ok = self._api.put_archive(container_id, dest_dir, tar_bytes)
         except Exception as e:
@@ -593,12 +681,38 @@ class DockerRuntime:
             raise SandboxError(f"extracting into {dest_dir} of container {container_id} failed")
 
     def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
-        """A tar of ``path`` from the container, streamed in chunks (errors raise at call)."""
+        """A tar of ``path`` from the container, streamed in chunks (errors raise at call).
+
+        On a tmpfs mount (invisible to the engine's archive API) the tar is made by
+        ``tar -c`` in the sandbox and returned in one chunk.
+        """
+        if self._container_meta(container_id).on_tmpfs(path):
+            parent, name = posixpath.split(posixpath.normpath(path))
+            return iter([self._tar_in_sandbox(container_id, ["-c", "-f", "-", "-C", parent, name])])
         try:
             stream, _stat = self._api.get_archive(container_id, path, chunk_size=1 << 16)
         except Exception as e:
             raise self._map_path_error(e, container_id, path) from e
         return self._guard_stream(stream, f"reading {path} from container {container_id}")
+
+    def _tar_in_sandbox(self, container_id: str, args: list[str], stdin: bytes = b"") -> bytes:
+        """Run ``tar args`` as root in the sandbox; return its stdout (the whole of it)."""
+        request = ExecRequest(
+            cmd=["tar", *args],
+            stdin=stdin,
+            user="0",
+            timeout_s=600,
+            max_output_bytes=_TAR_MAX_BYTES,
+        )
+        result = self.exec(container_id, request)
+        if result.exit_code == 0 and not result.stdout_truncated:
+            return result.stdout
+        message = result.stderr.decode("utf-8", "replace").strip()[-2000:]
+        if "No such file or directory" in message:
+            raise NotFound(f"no such file or directory in the sandbox: {message}", field="path")
+        raise SandboxError(
+            f"tar {' '.join(args[:1])} in container {container_id} failed: {message}"
+        )
 
     @staticmethod
     def _guard_stream(stream: Iterator[bytes], what: str) -> Iterator[bytes]:
@@ -609,7 +723,7 @@ class DockerRuntime:
 
     @staticmethod
     def _map_path_error(e: Exception, container_id: str, path: str) -> CrucibleError:
-        if isinstance(e, docker.errors.NotFound) and "container" not in _explain(e).lower():
+        if isinstance(e, docker.errors.NotFound) and "no such container" not in _explain(e).lower():
             return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
         return _map_error(e, f"container {container_id}, path {path}")
 

@@ -9,13 +9,13 @@ Request record (integers big-endian)::
     b"CRX1" | u32 body_len | field*        field = u8 tag | u32 len | len bytes
 
     tag  meaning                                   tag  meaning
-    o    op: exec | resolve | mkdir                 i    stdin bytes
+    o    op: exec | resolve | mkdir | kill          i    stdin bytes
     a    argv element (repeatable)                  t    timeout_ms (u64; 0 = none)
     s    shell command, run by /bin/sh -c           m    max_output_bytes per stream (u64)
     c    cwd                                        g    kill grace_ms (u64)
     e    env entry NAME=VALUE, raw bytes            p    path (resolve, mkdir)
          (repeatable; NAME alone unsets NAME)       P    create parents (u8 0/1)
-                                                    w    mkdir owner: name | uid[:gid]
+    k    process group to kill (u64)                w    mkdir owner: name | uid[:gid]
 
 The record travels base64-encoded as one argv argument (``--request <b64>``) when it is
 small, else on the supervisor's stdin (``--request-stdin``).
@@ -24,6 +24,7 @@ Response: frames ``u8 type | u32 len | payload`` on the supervisor's stdout::
 
     O / E  stdout / stderr bytes, raw. Head bytes are sent live as the command writes them;
            the kept tail follows at the end. Per stream, concatenated frames = kept output.
+    S      started: ``pid=N``, the command's pid, which is also its process group id
     P      resolved path (resolve op)
     R      result: ASCII ``key=value`` lines; the last frame of a successful request
     X      error: ``kind\\nmessage`` (kind: request, cwd, path, spawn, internal); last frame
@@ -36,6 +37,7 @@ Output cap: each stream keeps at most ``max_output_bytes``: the first
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import struct
 from collections.abc import Iterable, Mapping
@@ -52,6 +54,7 @@ DEFAULT_GRACE_MS = 500
 
 FRAME_STDOUT = ord("O")
 FRAME_STDERR = ord("E")
+FRAME_STARTED = ord("S")
 FRAME_PATH = ord("P")
 FRAME_RESULT = ord("R")
 FRAME_ERROR = ord("X")
@@ -136,6 +139,13 @@ def encode_mkdir(path: str, *, owner: str | None = None) -> bytes:
     return _record(fields)
 
 
+def encode_kill(pgid: int, *, grace_ms: int = DEFAULT_GRACE_MS) -> bytes:
+    """The record that stops process group ``pgid``: SIGTERM, SIGKILL after ``grace_ms``."""
+    if pgid <= 1:
+        raise InvalidRequest("process group id must be > 1", field="pgid")
+    return _record([_field("o", b"kill"), _u64("k", pgid), _u64("g", grace_ms)])
+
+
 def supervisor_args(record: bytes) -> tuple[list[str], bytes | None]:
     """The supervisor's argv suffix, and the bytes to send on its stdin (None: no stdin)."""
     encoded = base64.b64encode(record).decode("ascii")
@@ -167,7 +177,7 @@ class FrameDecoder:
         frames = []
         while len(self._buf) >= _FRAME_HEADER.size:
             kind, length = _FRAME_HEADER.unpack_from(self._buf)
-            if kind not in b"OEPRX" or length > _MAX_FRAME_BYTES:
+            if kind not in b"OESPRX" or length > _MAX_FRAME_BYTES:
                 preview = bytes(self._buf[:64])
                 raise SandboxError(f"exec supervisor sent an invalid frame: {preview!r}")
             end = _FRAME_HEADER.size + length
@@ -215,6 +225,7 @@ class ExecCollector:
         self._err: list[bytes] = []
         self.result: ExecResult | None = None
         self.oom_known = True  # False when the sandbox's OOM counter was not readable
+        self.pid: int | None = None  # the command's pid (= process group) once started
 
     def add(self, frame: Frame) -> ExecChunk | ExecResult | None:
         """Consume one frame; return what it means for a caller (None: nothing to show)."""
@@ -224,6 +235,10 @@ class ExecCollector:
         if frame.kind == FRAME_STDERR:
             self._err.append(frame.payload)
             return ExecChunk("stderr", frame.payload)
+        if frame.kind == FRAME_STARTED:
+            with contextlib.suppress(KeyError, ValueError):
+                self.pid = int(parse_kv(frame.payload)["pid"])
+            return None
         if frame.kind == FRAME_ERROR:
             raise_for_error(frame)
         if frame.kind == FRAME_RESULT:

@@ -16,23 +16,24 @@
  * Request record (all integers big-endian):
  *   "CRX1" | u32 body_len | body
  *   body = field*, field = u8 tag | u32 len | len bytes
- *   tags: 'o' op ("exec" | "resolve" | "mkdir")       'a' argv element (repeatable)
+ *   tags: 'o' op (exec | resolve | mkdir | kill)     'a' argv element (repeatable)
  *         's' shell command (/bin/sh -c)               'c' cwd
  *         'e' env entry NAME=VALUE, raw bytes (repeatable; NAME alone unsets NAME)
  *         'i' stdin bytes                              't' timeout_ms (u64, 0 = none)
  *         'm' max_output_bytes per stream (u64)        'g' kill grace_ms (u64, default 500)
  *         'p' path (resolve, mkdir)                    'P' create parents (u8 0/1)
- *         'w' owner for mkdir: "name" or "uid[:gid]"
+ *         'w' owner for mkdir: "name" or "uid[:gid]"   'k' process group to kill (u64)
  *   Strings (argv, shell, cwd, env, path, owner) must not contain NUL bytes.
  *
  * Response: frames on stdout, each u8 type | u32 len | payload:
  *   'O' stdout bytes, 'E' stderr bytes (raw, never decoded; head chunks live as they are
  *       read, then the kept tail at the end; per stream the concatenation is what was kept)
+ *   'S' started: "pid=N\n", the child's pid = its process group (for the kill op)
  *   'P' resolved path (resolve op)
  *   'R' result, ASCII "key=value\n" lines, always the last frame of a successful request:
  *       exec: exit_code, signal (0 = none), timed_out, oom_killed (1/0, -1 = unknown),
  *             stdout_total, stderr_total, stdout_truncated, stderr_truncated, duration_ms
- *       resolve / mkdir: ok=1
+ *       resolve / mkdir / kill: ok=1
  *   'X' error "kind\nmessage" (kind: request, cwd, path, spawn, internal); last frame.
  *
  * Output cap: each stream keeps at most max_output_bytes: the first
@@ -190,6 +191,7 @@ struct request {
     uint64_t timeout_ms;
     uint64_t max_output;
     uint64_t grace_ms;
+    uint64_t pgid; /* kill op */
     char *path;
     int parents;
     char *owner;
@@ -264,14 +266,15 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
         case 'p': rq->path = xstrndup(p, n); break;
         case 'w': rq->owner = xstrndup(p, n); break;
         case 'P': rq->parents = n > 0 && p[0] != 0; break;
-        case 't': case 'm': case 'g':
+        case 't': case 'm': case 'g': case 'k':
             if (n != 8) {
                 snprintf(err, errlen, "field '%c' must be 8 bytes", tag);
                 return -1;
             }
             if (tag == 't') rq->timeout_ms = be64(p);
             else if (tag == 'm') rq->max_output = be64(p);
-            else rq->grace_ms = be64(p);
+            else if (tag == 'g') rq->grace_ms = be64(p);
+            else rq->pgid = be64(p);
             break;
         default:
             snprintf(err, errlen, "unknown field tag 0x%02x", tag);
@@ -284,7 +287,12 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
         snprintf(err, errlen, "exec needs a shell command or an argv");
         return -1;
     }
-    if (strcmp(rq->op, "exec") != 0 && !rq->path) {
+    if (strcmp(rq->op, "kill") == 0) {
+        if (rq->pgid <= 1 || rq->pgid > INT_MAX) {
+            snprintf(err, errlen, "kill needs a process group id > 1");
+            return -1;
+        }
+    } else if (strcmp(rq->op, "exec") != 0 && !rq->path) {
         snprintf(err, errlen, "%s needs a path", rq->op);
         return -1;
     }
@@ -371,7 +379,7 @@ static void capture_init(struct capture *c, char type, int fd, uint64_t max_outp
     c->fd = fd;
     c->tail_cap = max_output / 2;
     c->head_cap = max_output - c->tail_cap;
-    c->ring = c->tail_cap ? xmalloc((size_t)c->tail_cap) : NULL;
+    c->ring = NULL; /* allocated when the head is full: most commands never need it */
 }
 
 static void capture_add(struct capture *c, struct sink *s, const unsigned char *d, size_t n) {
@@ -385,6 +393,7 @@ static void capture_add(struct capture *c, struct sink *s, const unsigned char *
         n -= take;
     }
     if (!c->tail_cap || !n) return;
+    if (!c->ring) c->ring = xmalloc((size_t)c->tail_cap);
     if (n >= c->tail_cap) { /* only the last tail_cap bytes can survive */
         d += n - c->tail_cap;
         n = (size_t)c->tail_cap;
@@ -726,6 +735,9 @@ static int run_exec(const struct request *rq, struct sink *s) {
         emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(cwd_errno));
         return 1;
     }
+    char started[32];
+    int sn = snprintf(started, sizeof started, "pid=%d\n", (int)st.pid);
+    emit(s, 'S', started, (size_t)sn);
 
     capture_init(&caps[0], 'O', out[0], rq->max_output);
     capture_init(&caps[1], 'E', err[0], rq->max_output);
@@ -892,6 +904,18 @@ static int run_mkdir(const struct request *rq, struct sink *s) {
     return 0;
 }
 
+/* Cancel an exec: SIGTERM its process group, SIGKILL after the grace, until it is gone. */
+static int run_kill(const struct request *rq, struct sink *s) {
+    pid_t pgid = (pid_t)rq->pgid;
+    if (kill(-pgid, SIGTERM) == 0) {
+        uint64_t until = now_ms() + rq->grace_ms;
+        while (group_has_live_member(pgid) && now_ms() < until) sleep_ms(10);
+        kill_group_until_gone(pgid);
+    }
+    emit(s, 'R', "ok=1\n", 5);
+    return 0;
+}
+
 /* ============================================================================ modes */
 
 static void on_term(int sig) {
@@ -921,6 +945,7 @@ static int dispatch(const struct request *rq, struct sink *s) {
     if (strcmp(rq->op, "exec") == 0) return run_exec(rq, s);
     if (strcmp(rq->op, "resolve") == 0) return run_resolve(rq, s);
     if (strcmp(rq->op, "mkdir") == 0) return run_mkdir(rq, s);
+    if (strcmp(rq->op, "kill") == 0) return run_kill(rq, s);
     emit_error(s, "request", "unknown op %s", rq->op);
     return 2;
 }
