@@ -81,7 +81,7 @@ class PoolManager:
 
     def target(self, template: str) -> int:
         """Target warm size of ``template``: the stored override, else the configured default."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             row = s.get(Pool, (self.deployment, template))
         return row.target_size if row else self.settings.pool_targets.get(template, 0)
 
@@ -108,7 +108,7 @@ class PoolManager:
 
     def levels(self) -> dict[str, dict[str, int]]:
         """Per template: target, warm, starting (not yet leased) and leased counts."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             rows = s.execute(
                 select(Sandbox.template, Sandbox.state, Sandbox.tenant_id.is_(None), func.count())
                 .where(Sandbox.deployment == self.deployment, Sandbox.state.not_in(ENDED_STATES))
@@ -171,7 +171,6 @@ class PoolManager:
                 .execution_options(synchronize_session=False)
             ).rowcount
             if got == 1:
-                self._wake.set()
                 return s.get(Sandbox, sid, populate_existing=True)
         return None
 

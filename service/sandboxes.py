@@ -43,7 +43,7 @@ def _ttl(ctx: ServiceContext, ttl_s: int | None) -> int:
 
 def get_owned(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
     """The tenant's sandbox (admins see all). ``NotFound`` for unknown or foreign ids."""
-    with ctx.db.session() as s:
+    with ctx.db.read() as s:
         row = s.get(Sandbox, sandbox_id)
     if (
         row is None
@@ -70,7 +70,7 @@ def list_sandboxes(
     ctx: ServiceContext, principal: Principal, *, include_ended: bool = False
 ) -> list[Sandbox]:
     """The tenant's sandboxes, newest first (ended ones only when asked, last 500)."""
-    with ctx.db.session() as s:
+    with ctx.db.read() as s:
         q = select(Sandbox).where(Sandbox.tenant_id == principal.tenant_id)
         if not include_ended:
             q = q.where(Sandbox.state.in_(tenants.LIVE_STATES))
@@ -87,6 +87,9 @@ def lease(
 ) -> Sandbox:
     """Lease one sandbox of ``template``: a warm one, or a cold start when the pool is empty.
 
+    Quota reservation, the warm claim (or the cold row) and the audit event commit in one
+    transaction.
+
     Raises:
         NotFound: unknown template. QuotaExceeded: over quota (audited).
         SandboxError: a cold start failed (quota given back).
@@ -98,7 +101,7 @@ def lease(
     try:
         with ctx.db.session() as s:
             tenants.reserve(s, principal.tenant_id, need)
-            row = ctx.pools.claim(
+            warm = ctx.pools.claim(
                 s,
                 template=template,
                 tenant_id=principal.tenant_id,
@@ -106,37 +109,38 @@ def lease(
                 ttl_s=ttl,
                 metadata=metadata,
             )
-            if row is not None:
+            if warm is not None:
                 audit.record(
                     s,
                     "sandbox.lease",
                     tenant_id=principal.tenant_id,
                     key_id=principal.key_id,
-                    sandbox_id=row.id,
+                    sandbox_id=warm.id,
                     details={"template": template, "ttl_s": ttl, "warm": True},
                 )
-                LEASES.labels(template, "warm").inc()
-                return row
-            s.add(
-                Sandbox(
-                    id=sid,
-                    deployment=ctx.settings.deployment,
-                    template=template,
-                    image=tpl.image,
-                    state="starting",
-                    tenant_id=principal.tenant_id,
-                    cpus=tpl.cpus,
-                    memory_mb=tpl.memory_mb,
-                    ttl_s=ttl,
-                    metadata_=metadata,
+            else:
+                s.add(
+                    Sandbox(
+                        id=sid,
+                        deployment=ctx.settings.deployment,
+                        template=template,
+                        image=tpl.image,
+                        state="starting",
+                        tenant_id=principal.tenant_id,
+                        cpus=tpl.cpus,
+                        memory_mb=tpl.memory_mb,
+                        ttl_s=ttl,
+                        metadata_=metadata,
+                    )
                 )
-            )
     except QuotaExceeded as e:
         QUOTA_REFUSALS.labels(principal.tenant_id).inc()
         _audit_refusal(ctx, principal, need, e, template=template)
         raise
-    ctx.pools.wake()
-    LEASES.labels(template, "cold").inc()
+    ctx.pools.wake()  # after commit: the refill loop must not contend with this transaction
+    LEASES.labels(template, "warm" if warm is not None else "cold").inc()
+    if warm is not None:
+        return warm
     return _finish_cold_start(ctx, principal, sid, tpl, ttl=ttl, image=None, action="sandbox.lease")
 
 
@@ -439,7 +443,7 @@ def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snap
 
 def get_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str) -> Snapshot:
     """The tenant's snapshot; ``NotFound`` for unknown, deleted or foreign ids."""
-    with ctx.db.session() as s:
+    with ctx.db.read() as s:
         snap = s.get(Snapshot, snapshot_id)
     if (
         snap is None

@@ -27,7 +27,7 @@ def get_principal(request: Request, ctx: Ctx) -> Principal:
     scheme, _, token = header.partition(" ")
     raw = token.strip() if scheme.lower() == "bearer" else None
     try:
-        with ctx.db.session() as s:
+        with ctx.db.read() as s:
             return tenants.authenticate(s, raw)
     except AuthError as e:
         AUTH_FAILURES.inc()

@@ -33,7 +33,9 @@ def _sqlite_setup(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Readers take no write lock (WAL lets them run beside the writer).
+        readonly = conn.get_execution_options().get("crucible_readonly", False)
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
 class Database:
@@ -57,6 +59,9 @@ class Database:
         else:
             self.engine = create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(
+            self.engine.execution_options(crucible_readonly=True), expire_on_commit=False
+        )
 
     def migrate(self) -> None:
         """Upgrade the schema to the newest Alembic revision (idempotent)."""
@@ -71,6 +76,12 @@ class Database:
     def session(self) -> Iterator[Session]:
         """A session in one transaction: commit on success, roll back on error."""
         with self._sessions() as s, s.begin():
+            yield s
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for reads only: on SQLite it takes no write lock (rolled back at exit)."""
+        with self._read_sessions() as s:  # autobegins; closing rolls back
             yield s
 
     def ping(self) -> bool:
