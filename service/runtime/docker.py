@@ -503,7 +503,8 @@ class DockerRuntime:
         for item in self.exec_stream(container_id, request):
             if isinstance(item, ExecResult):
                 result = item
-        assert result is not None  # exec_stream raises when no result arrives
+        if result is None:  # cannot happen: exec_stream raises when no result arrives
+            raise SandboxError(f"exec in container {container_id} ended without a result")
         return result
 
     def exec_stream(
@@ -516,9 +517,12 @@ class DockerRuntime:
         stream the chunks add up to the result's ``stdout``/``stderr``. Closing the
         generator early (or losing the supervisor) stops the command: its process group
         gets SIGTERM, then SIGKILL after the grace.
+
+        The command starts before this returns, so a bad request or a gone container
+        raises here (``InvalidRequest``, ``NotFound``, ``SandboxError``), not at the first
+        ``next``.
         """
         record = encode_exec(request, grace_ms=self._kill_grace_ms)
-        collector = ExecCollector()
         read_timeout_s = request.timeout_s + self._kill_grace_ms / 1000 + _READ_MARGIN_S
         frames = self._supervise(
             container_id,
@@ -526,6 +530,12 @@ class DockerRuntime:
             user=request.user or self._container_meta(container_id).user,
             read_timeout_s=read_timeout_s,
         )
+        return self._exec_items(container_id, request, frames)
+
+    def _exec_items(
+        self, container_id: str, request: ExecRequest, frames: Iterator[Frame]
+    ) -> Iterator[ExecChunk | ExecResult]:
+        collector = ExecCollector()
         try:
             with contextlib.closing(frames):
                 for frame in frames:
@@ -605,7 +615,10 @@ class DockerRuntime:
     def _supervise(
         self, container_id: str, record: bytes, *, user: str | None, read_timeout_s: float
     ) -> Iterator[Frame]:
-        """Run the supervisor on ``record``; yield its frames up to the final R or X frame."""
+        """Start the supervisor on ``record`` now (errors raise here); return an iterator
+        of its frames up to the final R or X frame. ``read_timeout_s``: the longest silence
+        tolerated on the connection, in seconds.
+        """
         args, stdin = supervisor_args(record)
         what = f"exec in container {container_id}"
         try:
@@ -624,6 +637,13 @@ class DockerRuntime:
             conn.settimeout(read_timeout_s)
             if stdin is not None:
                 conn.send(stdin)
+        except OSError as e:
+            conn.close()
+            raise SandboxError(f"{what}: sending the request to the supervisor failed: {e}") from e
+        return self._frames(conn, exec_id, what)
+
+    def _frames(self, conn: _ExecConnection, exec_id: str, what: str) -> Iterator[Frame]:
+        try:
             yield from self._read_frames(conn, exec_id, what)
         except (OSError, requests.exceptions.RequestException) as e:
             raise SandboxError(f"{what}: connection to the exec supervisor failed: {e}") from e

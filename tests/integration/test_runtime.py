@@ -407,6 +407,10 @@ def test_destroy_missing_is_fine_and_exec_then_not_found(
     docker_runtime.destroy("0" * 64)
     with pytest.raises(NotFound):
         run(docker_runtime, box, "true")
+    with pytest.raises(NotFound):  # raised at the call, before any iteration
+        docker_runtime.exec_stream(box, ExecRequest(cmd="true"))
+    with pytest.raises(InvalidRequest):
+        docker_runtime.exec_stream(box, ExecRequest(cmd="true", timeout_s=0))
 
 
 def test_create_from_missing_image_is_not_found(
