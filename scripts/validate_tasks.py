@@ -305,13 +305,15 @@ def main() -> int:
         v.cleanup()
     total = time.monotonic() - t0
 
-    hdr = f"{'task':34} {'diff':6} {'category':18} {'exp':>3} {'oracle':>6} {'tests':>5} {'noop':>4} {'build':>6} {'orc_s':>6} {'noop_s':>6}  result"
+    hdr = (f"{'task':34} {'diff':6} {'category':18} {'exp':>3} {'oracle':>6} {'tests':>5} {'noop':>4} "
+           f"{'noop_fail':>9} {'build':>6} {'orc_s':>6} {'noop_s':>6}  result")
     print()
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         print(f"{r.task_id:34} {r.difficulty:6} {r.category[:18]:18} {str(r.expected_tests):>3} "
-              f"{r.oracle.reward:>6} {str(r.oracle.tests):>5} {r.noop.reward:>4} {r.build_s:6.1f} "
+              f"{r.oracle.reward:>6} {str(r.oracle.tests):>5} {r.noop.reward:>4} "
+              f"{f'{r.noop.failed}/{r.noop.tests}':>9} {r.build_s:6.1f} "
               f"{r.oracle.seconds:6.1f} {r.noop.seconds:6.1f}  {'PASS' if r.ok else 'FAIL: ' + '; '.join(r.problems)}")
     failed = [r for r in results if not r.ok]
     diff = {d: sum(1 for r in results if r.difficulty == d) for d in ("easy", "medium", "hard")}
