@@ -760,13 +760,46 @@ class DockerRuntime:
         return image["Id"]
 
     def remove_image(self, image: str) -> None:
-        """Delete an image (missing is fine). ``SandboxError`` while containers use it."""
+        """Delete an image (missing is fine).
+
+        While containers still use it (forks of a snapshot) only the name is removed: the
+        engine keeps the untagged image until they are gone; ``prune_snapshots`` then
+        deletes it.
+        """
         try:
             self._api.remove_image(image)
         except docker.errors.ImageNotFound:
             return
+        except docker.errors.APIError as e:
+            if e.status_code != 409:
+                raise _map_error(e, f"removing image {image}") from e
+            try:
+                self._api.remove_image(image, force=True)  # untag; the layers stay in use
+            except docker.errors.ImageNotFound:
+                return
+            except Exception as e2:
+                raise _map_error(e2, f"removing image {image}") from e2
         except Exception as e:
             raise _map_error(e, f"removing image {image}") from e
+
+    def prune_snapshots(self, *, deployment: str) -> int:
+        """Delete untagged snapshot images of this deployment no container uses.
+
+        Snapshots inherit the source container's labels, ``crucible.deployment`` included.
+        Returns how many were deleted.
+        """
+        try:
+            images = self._api.images(
+                filters={"dangling": True, "label": f"{LABEL_DEPLOYMENT}={deployment}"}
+            )
+        except Exception as e:
+            raise _map_error(e, f"listing snapshot images of {deployment}") from e
+        removed = 0
+        for image in images:
+            with contextlib.suppress(docker.errors.APIError):
+                self._api.remove_image(image["Id"])
+                removed += 1
+        return removed
 
     def image_digest(self, image: str) -> str:
         """The image's content id (``sha256:...``); ``NotFound`` when absent."""

@@ -354,6 +354,25 @@ def test_disk_usage_grows(docker_runtime: DockerRuntime, make_sandbox: Callable[
     assert docker_runtime.disk_usage_bytes(box) >= before + (5 << 20)
 
 
+def test_removing_a_snapshot_in_use_untags_it_then_prune_deletes_it(
+    docker_runtime: DockerRuntime, make_sandbox: Callable[..., str], runtime_deployment: str
+) -> None:
+    box = make_sandbox()
+    repository = f"crucible-test/snap-{secrets.token_hex(4)}"
+    image_id = docker_runtime.snapshot(box, repository=repository, tag="t1")
+    fork = make_sandbox(image=f"{repository}:t1")
+    docker_runtime.remove_image(f"{repository}:t1")
+    with pytest.raises(NotFound):
+        docker_runtime.image_digest(f"{repository}:t1")
+    assert run(docker_runtime, fork, "echo ok").stdout == b"ok\n"  # the fork keeps running
+    docker_runtime.prune_snapshots(deployment=runtime_deployment)
+    assert docker_runtime.image_digest(image_id) == image_id  # still in use: kept
+    docker_runtime.destroy(fork)
+    assert docker_runtime.prune_snapshots(deployment=runtime_deployment) >= 1
+    with pytest.raises(NotFound):
+        docker_runtime.image_digest(image_id)
+
+
 def test_snapshot_then_fork_sees_files(
     docker_runtime: DockerRuntime, make_sandbox: Callable[..., str], sandbox_image: str
 ) -> None:
