@@ -159,3 +159,100 @@ class AuditEvent(Base):
         Index("ix_audit_sandbox", "sandbox_id", "seq"),
         Index("ix_audit_action", "action", "seq"),
     )
+
+
+class Episode(Base):
+    """One attempt at one task by one policy, in one sandbox; ``group_id`` ties a GRPO group.
+
+    States: running -> verifying -> verified | error; abandoned when released unverified.
+    """
+
+    __tablename__ = "episodes"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    work_item_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    group_id: Mapped[str] = mapped_column(String(40), index=True)
+    sample_idx: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[str] = mapped_column(String(200))
+    task_version: Mapped[str] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(String(200))
+    domain: Mapped[str] = mapped_column(String(32))
+    template: Mapped[str] = mapped_column(String(64))
+    image_digest: Mapped[str] = mapped_column(String(100))
+    sandbox_id: Mapped[str] = mapped_column(String(40))
+    snapshot_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    timing: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class RewardRecordRow(Base):
+    """A stored reward record: indexed columns for queries, the whole record as JSON."""
+
+    __tablename__ = "reward_records"
+
+    record_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    episode_id: Mapped[str] = mapped_column(String(40), unique=True)
+    group_id: Mapped[str] = mapped_column(String(40))
+    task_id: Mapped[str] = mapped_column(String(200))
+    suite: Mapped[str] = mapped_column(String(200))
+    domain: Mapped[str] = mapped_column(String(32))
+    reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    exclude_from_loss: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (
+        Index("ix_rewards_tenant", "tenant_id", "created_at"),
+        Index("ix_rewards_job", "job_id"),
+        Index("ix_rewards_task", "domain", "task_id", "created_at"),
+    )
+
+
+class Job(Base):
+    """A rollout job: tasks x group size for one policy, with a priority."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    suite: Mapped[str] = mapped_column(String(200))
+    task_ids: Mapped[list[str]] = mapped_column(JSON)
+    group_size: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    state: Mapped[str] = mapped_column(String(16))  # queued | running | done | cancelled
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class WorkItem(Base):
+    """One group of a job (a task x group_size samples) that a worker claims.
+
+    States: queued -> claimed -> done | failed (after ``max_attempts``); a claim whose
+    ``claim_expires_at`` passes goes back to queued.
+    """
+
+    __tablename__ = "work_items"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    task_id: Mapped[str] = mapped_column(String(200))
+    group_id: Mapped[str] = mapped_column(String(40))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    claim_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (Index("ix_work_queue", "state", "priority", "created_at"),)
