@@ -93,6 +93,7 @@ _ROOT_USERS = {"", "root", "0", "0:0", "root:root"}
 _READ_MARGIN_S = 30.0  # socket slack over an exec's timeout before the supervisor is presumed lost
 _DIAG_BYTES = 8192  # supervisor stderr kept for error messages
 _BUILD_TIMEOUT_S = 1800
+_MAX_CONNECTIONS = 64
 _TAR_MAX_BYTES = 1 << 30  # tar of a tmpfs path: kept whole up to 512 MiB (the head)
 
 
@@ -229,10 +230,12 @@ class DockerRuntime:
         api_timeout_s: float = 120.0,
     ) -> None:
         if client is None:
+            # Every exec holds one connection while it runs: allow many at once.
+            options = {"timeout": api_timeout_s, "max_pool_size": _MAX_CONNECTIONS}
             if docker_host:
-                client = docker.DockerClient(base_url=docker_host, timeout=api_timeout_s)
+                client = docker.DockerClient(base_url=docker_host, **options)
             else:
-                client = docker.from_env(timeout=api_timeout_s)
+                client = docker.from_env(**options)
         self._client = client
         self._api = client.api
         self._builder_base_image = builder_base_image
@@ -246,8 +249,11 @@ class DockerRuntime:
 
     @classmethod
     def from_settings(cls, settings: Any) -> DockerRuntime:
-        """Build from ``service.config.Settings`` (``docker_host``, ``base_image``)."""
-        return cls(docker_host=settings.docker_host, builder_base_image=settings.base_image)
+        """Build from ``service.config.Settings`` (``docker_host``, ``base_image``,
+        ``image_prefix``: the supervisor builds in the base image, else
+        ``<prefix>/base:latest``, else ``DEFAULT_BUILDER_BASES``)."""
+        base = settings.base_image or f"{settings.image_prefix}/base:latest"
+        return cls(docker_host=settings.docker_host, builder_base_image=base)
 
     @property
     def supervisor_volume(self) -> str:
