@@ -4,7 +4,6 @@ labels every container with a per-session deployment and removes them all at the
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,14 +21,13 @@ RUNTIME_TEST_IMAGES = (
 )
 
 
-def _engine_or_skip() -> docker.DockerClient:
+def _engine() -> docker.DockerClient:
+    """The local engine; a missing engine fails the test (never a silent skip)."""
     try:
         engine = docker.from_env()
         engine.ping()
     except docker.errors.DockerException as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Docker engine not reachable in CI: {exc}")
-        pytest.skip(f"Docker engine not reachable: {exc} (run `make setup`)")
+        pytest.fail(f"Docker engine not reachable: {exc} (run `make setup`)")
     return engine
 
 
@@ -38,7 +36,7 @@ def docker_runtime() -> Any:
     """A ``DockerRuntime`` whose supervisor volume is ready (built on first use)."""
     from service.runtime.docker import DockerRuntime
 
-    runtime = DockerRuntime(client=_engine_or_skip())
+    runtime = DockerRuntime(client=_engine())
     runtime.ensure_ready()
     return runtime
 
@@ -46,7 +44,7 @@ def docker_runtime() -> Any:
 @pytest.fixture(scope="session")
 def sandbox_image() -> str:
     """The richest local sandbox image: terminal when built, else the base."""
-    engine = _engine_or_skip()
+    engine = _engine()
     for image in RUNTIME_TEST_IMAGES:
         try:
             engine.images.get(image)

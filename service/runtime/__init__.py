@@ -5,6 +5,7 @@ from service.runtime.base import (
     ExecChunk,
     ExecRequest,
     ExecResult,
+    FsChange,
     SandboxRuntime,
     SandboxSpec,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "ExecChunk",
     "ExecRequest",
     "ExecResult",
+    "FsChange",
     "SandboxRuntime",
     "SandboxSpec",
 ]

@@ -91,6 +91,14 @@ class ExecResult:
     duration_ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class FsChange:
+    """One entry of a container's filesystem diff against its image (``docker diff``)."""
+
+    path: str
+    kind: Literal["modified", "added", "deleted"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ContainerInfo:
     """A container as the engine reports it, with Crucible's labels."""
@@ -158,6 +166,11 @@ class SandboxRuntime(Protocol):
 
     def list(self, *, deployment: str) -> list[ContainerInfo]:
         """All containers of this deployment, by label."""
+        ...
+
+    def diff(self, container_id: str) -> list[FsChange]:
+        """What changed in the container's filesystem since its image (engine-side, so
+        nothing inside the sandbox can hide a change)."""
         ...
 
     def image_digest(self, image: str) -> str:

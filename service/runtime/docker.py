@@ -44,6 +44,7 @@ from service.runtime.base import (
     ExecChunk,
     ExecRequest,
     ExecResult,
+    FsChange,
     SandboxSpec,
 )
 from service.runtime.protocol import (
@@ -752,6 +753,15 @@ class DockerRuntime:
         if isinstance(e, docker.errors.NotFound) and "no such container" not in _explain(e).lower():
             return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
         return _map_error(e, f"container {container_id}, path {path}")
+
+    def diff(self, container_id: str) -> list[FsChange]:
+        """The container's filesystem changes against its image, from the engine."""
+        try:
+            rows = self._api.diff(container_id) or []
+        except Exception as e:
+            raise _map_error(e, f"diff of container {container_id}") from e
+        kinds = {0: "modified", 1: "added", 2: "deleted"}
+        return [FsChange(r["Path"], kinds[r["Kind"]]) for r in rows]
 
     def snapshot(self, container_id: str, *, repository: str, tag: str) -> str:
         """Commit the container's filesystem to ``repository:tag``; return the image id.
