@@ -1,0 +1,147 @@
+"""Building the verifier's sandbox: a fresh container holding the episode's end state on a
+toolchain the agent could not have modified.
+
+1. The episode's sandbox is snapshotted (``docker commit``); the verifier runs in a NEW
+   container from that snapshot, so none of the agent's processes survive.
+2. The engine's filesystem diff of the episode's container (against its image, which
+   Crucible built or prepared) lists every path the agent changed. A change under a
+   protected path (the toolchain: ``/usr``, ``/bin``, ``/lib*``, the dynamic loader's
+   configuration, Python's site configuration, shell start-up files, pytest root config,
+   ``/tests``, ``/logs``) means the end state cannot be trusted as a toolchain. Then the
+   verifier container starts from the pristine image instead, and only the agent's
+   changes outside protected paths are copied in (engine-side archives) or deleted.
+3. Tests are copied in only now, and run with ``bash --noprofile --norc`` and an
+   environment that disables user site-packages, the current directory on ``sys.path``
+   (``PYTHONSAFEPATH``), pytest's cache and conftest files above ``/tests``.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.runtime.base import FsChange
+
+# Paths whose modification by the agent makes the snapshot untrusted as a toolchain.
+PROTECTED_PREFIXES = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/ld.so.preload",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ld.so.cache",
+    "/etc/profile",
+    "/etc/profile.d",
+    "/etc/bash.bashrc",
+    "/etc/environment",
+    "/etc/alternatives",
+    "/tests",
+    "/logs",
+    "/conftest.py",
+    "/pytest.ini",
+    "/pyproject.toml",
+    "/tox.ini",
+    "/setup.cfg",
+)
+PROTECTED_PATTERNS = (re.compile(r"^/etc/python3(\.\d+)?(/|$)"),)
+# Entries the engine itself creates in every container (mount points of init and volumes).
+ENGINE_ENTRIES = frozenset(
+    {
+        "/usr/sbin/docker-init",
+        "/opt/crucible",
+        "/etc/hostname",
+        "/etc/hosts",
+        "/etc/resolv.conf",
+        "/etc/mtab",
+        "/dev",
+        "/proc",
+        "/sys",
+    }
+)
+
+VERIFIER_ENV = {
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONSAFEPATH": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTEST_ADDOPTS": "-p no:cacheprovider --confcutdir=/tests "
+    "--junitxml=/logs/verifier/crucible-junit.xml",
+    "TEST_DIR": "/tests",
+}
+
+
+def is_protected(path: str) -> bool:
+    """True when ``path`` lies in the verifier's trusted toolchain (see module docstring)."""
+    if any(path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES):
+        return True
+    return any(p.match(path) for p in PROTECTED_PATTERNS)
+
+
+@dataclass(frozen=True)
+class ChangePlan:
+    """What the agent changed, reduced to the entries to carry over.
+
+    ``copy``: added or modified leaves (a directory added whole is one entry);
+    ``delete``: deleted paths; ``tampered``: protected paths the agent touched.
+    """
+
+    copy: tuple[str, ...]
+    delete: tuple[str, ...]
+    tampered: tuple[str, ...]
+
+
+def plan_changes(changes: Iterable[FsChange]) -> ChangePlan:
+    """Reduce an engine diff to leaves (directories whose children are listed are skipped)."""
+    rows = [
+        c
+        for c in changes
+        if c.path not in ENGINE_ENTRIES
+        and not any(c.path.startswith(e + "/") for e in ("/proc", "/sys", "/dev", "/opt/crucible"))
+    ]
+    paths = {c.path for c in rows}
+    has_child = {posix_parent(p) for p in paths}
+    added_roots: list[str] = []
+    copy, delete, tampered = [], [], []
+    for c in sorted(rows, key=lambda c: c.path):
+        if any(c.path.startswith(r + "/") for r in added_roots):
+            continue  # inside a directory that is copied whole
+        if c.kind == "modified" and c.path in has_child:
+            continue  # a directory whose changed children are listed
+        if is_protected(c.path):
+            tampered.append(c.path)
+            continue
+        if c.kind == "deleted":
+            delete.append(c.path)
+        else:
+            copy.append(c.path)
+            if c.kind == "added":
+                added_roots.append(c.path)
+    return ChangePlan(tuple(copy), tuple(delete), tuple(tampered))
+
+
+def posix_parent(path: str) -> str:
+    """``/a/b`` -> ``/a``; ``/a`` -> ``/``."""
+    head = path.rsplit("/", 1)[0]
+    return head or "/"
+
+
+def tests_tar(tests_dir: Path) -> bytes:
+    """A tar of ``tests_dir`` as ``tests/...`` (root-owned), to extract at ``/``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            return info
+
+        t.add(str(tests_dir), arcname="tests", filter=owned)
+    return buf.getvalue()

@@ -1,0 +1,321 @@
+"""The terminal-domain verifier: run the task's tests in an isolated sandbox and read the
+reward the Harbor way (``/logs/verifier/reward.txt`` or ``reward.json``), gated by the test
+report.
+
+Gates (a failed gate scores 0 with the reason in ``details``; it is the agent's outcome):
+- the pytest report must show exactly ``expected_tests`` tests when the task states it;
+- any skipped or xfailed test, or zero collected tests, does not pass.
+Infrastructure outcomes are not scores: a verifier timeout is ``status=timeout``; a test
+script that leaves no reward (Harbor) or a report missing while ``expected_tests`` is set
+is ``status=error``. Both are excluded from loss.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.errors import CrucibleError, NotFound
+from service.ids import new_id
+from service.pool import spec_for
+from service.runtime.base import ExecRequest, SandboxRuntime
+from service.templates import Template
+from service.verifiers.base import VerifierResult
+from service.verifiers.isolation import VERIFIER_ENV, plan_changes, posix_parent, tests_tar
+
+NAME = "terminal"
+VERSION = "1"
+MAX_REPORT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestCounts:
+    """Counts from a JUnit XML report (pytest's ``--junitxml``)."""
+
+    total: int
+    passed: int
+    failed: int
+    errors: int
+    skipped: int  # includes xfail (pytest writes xfail as skipped)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TerminalCheck:
+    """What one task asks of the verifier."""
+
+    test_command: str
+    tests_dir: Any  # pathlib.Path
+    workdir: str
+    timeout_s: float
+    expected_tests: int | None = None
+    pass_threshold: float = 1.0
+    reward_source: str = "file"  # "file" (Harbor) | "exit_code" (Terminal-Bench 1)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_junit(xml_bytes: bytes) -> TestCounts:
+    """Count tests in a JUnit XML document (``<testsuites>`` or one ``<testsuite>``).
+
+    Raises:
+        ValueError: not JUnit XML.
+    """
+    root = ET.fromstring(xml_bytes)
+    cases = list(root.iter("testcase"))
+    if root.tag not in ("testsuites", "testsuite"):
+        raise ValueError(f"not a JUnit report (root <{root.tag}>)")
+    failed = sum(1 for c in cases if c.find("failure") is not None)
+    errors = sum(1 for c in cases if c.find("error") is not None)
+    skipped = sum(1 for c in cases if c.find("skipped") is not None)
+    total = len(cases)
+    return TestCounts(
+        total=total,
+        passed=total - failed - errors - skipped,
+        failed=failed,
+        errors=errors,
+        skipped=skipped,
+    )
+
+
+def parse_reward(
+    txt: bytes | None, js: bytes | None
+) -> tuple[float | None, dict[str, float], str | None]:
+    """(reward, components, problem) from ``reward.txt`` / ``reward.json`` contents.
+
+    ``reward.json`` is a dict of floats; its ``reward`` key is the reward, else their mean.
+    """
+    if js is not None:
+        try:
+            data = json.loads(js)
+            comps = {str(k): float(v) for k, v in data.items()}
+        except (ValueError, TypeError, AttributeError) as e:
+            return None, {}, f"reward.json is not a dict of numbers: {e}"
+        if not comps:
+            return None, {}, "reward.json is empty"
+        value = comps.get("reward", sum(comps.values()) / len(comps))
+    elif txt is not None:
+        try:
+            value, comps = float(txt.decode().strip()), {}
+        except (ValueError, UnicodeDecodeError):
+            return None, {}, f"reward.txt is not a number: {txt[:80]!r}"
+    else:
+        return None, {}, "the test script wrote no /logs/verifier/reward.txt or reward.json"
+    if not math.isfinite(value):
+        return None, {}, f"reward {value} is not finite"
+    return value, comps, None
+
+
+def _read(runtime: SandboxRuntime, container_id: str, path: str) -> bytes | None:
+    try:
+        data = b"".join(runtime.get_archive(container_id, path))
+    except NotFound:
+        return None
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        member = t.next()
+        if member is None or not member.isfile() or member.size > MAX_REPORT_BYTES:
+            return None
+        f = t.extractfile(member)
+        return f.read() if f else None
+
+
+def score(
+    check: TerminalCheck,
+    *,
+    exit_code: int,
+    reward_txt: bytes | None,
+    reward_json: bytes | None,
+    junit: bytes | None,
+) -> VerifierResult:
+    """Turn what the test run left behind into a result (pure; unit-tested directly)."""
+    details: dict[str, Any] = {"test_exit_code": exit_code}
+    counts = None
+    if junit is not None:
+        try:
+            counts = parse_junit(junit)
+            details["tests"] = counts.__dict__
+        except (ET.ParseError, ValueError) as e:
+            details["junit_problem"] = str(e)
+    if check.reward_source == "exit_code":
+        reward, comps, problem = (1.0 if exit_code == 0 else 0.0), {}, None
+    else:
+        reward, comps, problem = parse_reward(reward_txt, reward_json)
+    if problem:
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status="error",
+            reward=None,
+            details={**details, "reason": problem},
+        )
+    if check.expected_tests is not None and counts is None:
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status="error",
+            reward=None,
+            details={
+                **details,
+                "reason": f"expected {check.expected_tests} tests but found no JUnit report",
+            },
+        )
+    components = {**comps, "reward_file": float(reward)}
+    gate = None
+    if counts is not None:
+        components.update(tests_total=counts.total, tests_passed=counts.passed)
+        if counts.total == 0:
+            gate = "no tests were collected"
+        elif check.expected_tests is not None and counts.total != check.expected_tests:
+            gate = f"expected {check.expected_tests} tests, the report has {counts.total}"
+        elif counts.skipped:
+            gate = f"{counts.skipped} test(s) skipped or xfailed"
+    if gate:
+        details["gate"] = gate
+        reward = 0.0
+    details["passed"] = reward >= check.pass_threshold
+    return VerifierResult(
+        name=NAME,
+        version=VERSION,
+        status="ok",
+        reward=float(reward),
+        components=components,
+        details=details,
+    )
+
+
+def verify(
+    runtime: SandboxRuntime,
+    check: TerminalCheck,
+    *,
+    episode_container_id: str,
+    snapshot_image: str,
+    pristine_image: str,
+    template: Template,
+    deployment: str,
+    dispose: Callable[[str], object] | None = None,
+) -> VerifierResult:
+    """Verify an episode whose end state is ``snapshot_image`` (see ``isolation``).
+
+    ``episode_container_id`` is only diffed, never executed in. ``dispose`` removes the
+    verifier's containers (default: ``runtime.destroy`` inline; the service passes a
+    background destroyer). Returns a result; runtime failures become ``status=error``
+    (never reward 0).
+    """
+    t0 = time.perf_counter()
+    created: list[str] = []
+    try:
+        plan = plan_changes(runtime.diff(episode_container_id))
+        base = pristine_image if plan.tampered else snapshot_image
+        vid = new_id("vf")
+        vcid = runtime.create(spec_for(template, vid, deployment, image=base))
+        created.append(vcid)
+        if plan.tampered:
+            _carry_over(
+                runtime,
+                plan,
+                template=template,
+                deployment=deployment,
+                snapshot_image=snapshot_image,
+                into=vcid,
+                created=created,
+            )
+        prep = runtime.exec(
+            vcid,
+            ExecRequest(
+                cmd=[
+                    "/bin/sh",
+                    "-c",
+                    "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier",
+                ],
+                timeout_s=30,
+                user="0",
+            ),
+        )
+        if prep.exit_code != 0:
+            raise CrucibleError(f"preparing the verifier sandbox failed: {prep.stderr[-500:]!r}")
+        runtime.put_archive(vcid, "/", tests_tar(check.tests_dir))
+        res = runtime.exec(
+            vcid,
+            ExecRequest(
+                cmd=["/bin/bash", "--noprofile", "--norc", "-c", check.test_command],
+                cwd=check.workdir,
+                timeout_s=check.timeout_s,
+                user="0",
+                max_output_bytes=32 << 10,
+                env={k: v.encode() for k, v in VERIFIER_ENV.items()},
+            ),
+        )
+        log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
+        if res.timed_out:
+            return VerifierResult(
+                name=NAME,
+                version=VERSION,
+                status="timeout",
+                reward=None,
+                duration_ms=(time.perf_counter() - t0) * 1e3,
+                details={
+                    "reason": f"tests exceeded {check.timeout_s} s",
+                    "log_tail": log_tail,
+                    "tampered": list(plan.tampered),
+                },
+            )
+        files = {
+            name: _read(runtime, vcid, f"/logs/verifier/{name}")
+            for name in ("reward.txt", "reward.json", "crucible-junit.xml", "junit.xml")
+        }
+        result = score(
+            check,
+            exit_code=res.exit_code,
+            reward_txt=files["reward.txt"],
+            reward_json=files["reward.json"],
+            junit=files["crucible-junit.xml"] or files["junit.xml"],
+        )
+        details = {**result.details, "tampered": list(plan.tampered), "log_tail": log_tail}
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status=result.status,
+            reward=result.reward,
+            components=result.components,
+            details=details,
+            duration_ms=(time.perf_counter() - t0) * 1e3,
+        )
+    except CrucibleError as e:
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status="error",
+            reward=None,
+            duration_ms=(time.perf_counter() - t0) * 1e3,
+            details={"reason": f"verifier infrastructure failed: {e.detail}"},
+        )
+    finally:
+        for cid in created:
+            (dispose or runtime.destroy)(cid)
+
+
+def _carry_over(
+    runtime: SandboxRuntime,
+    plan: Any,
+    *,
+    template: Template,
+    deployment: str,
+    snapshot_image: str,
+    into: str,
+    created: list[str],
+) -> None:
+    """Copy the agent's non-toolchain changes from the snapshot into a pristine container."""
+    src = runtime.create(spec_for(template, new_id("vs"), deployment, image=snapshot_image))
+    created.append(src)
+    for path in plan.copy:
+        tar = b"".join(runtime.get_archive(src, path))
+        runtime.put_archive(into, posix_parent(path), tar)
+    if plan.delete:
+        runtime.exec(
+            into, ExecRequest(cmd=["rm", "-rf", "--", *plan.delete], timeout_s=60, user="0")
+        )
