@@ -100,14 +100,12 @@ class ChangePlan:
 
 def plan_changes(changes: Iterable[FsChange]) -> ChangePlan:
     """Reduce an engine diff to leaves (directories whose children are listed are skipped)."""
-    rows = [
-        c
-        for c in changes
-        if c.path not in ENGINE_ENTRIES
-        and not any(c.path.startswith(e + "/") for e in ("/proc", "/sys", "/dev", "/opt/crucible"))
-    ]
-    paths = {c.path for c in rows}
-    has_child = {posix_parent(p) for p in paths}
+    changes = list(changes)
+    # Parents are computed over every entry, engine-made ones included, so a directory
+    # changed only by the engine (``/opt`` holding the ``/opt/crucible`` mount point) is
+    # not mistaken for a leaf.
+    has_child = {posix_parent(c.path) for c in changes}
+    rows = [c for c in changes if not _engine_made(c.path)]
     added_roots: list[str] = []
     copy, delete, tampered = [], [], []
     for c in sorted(rows, key=lambda c: c.path):
@@ -125,6 +123,12 @@ def plan_changes(changes: Iterable[FsChange]) -> ChangePlan:
             if c.kind == "added":
                 added_roots.append(c.path)
     return ChangePlan(tuple(copy), tuple(delete), tuple(tampered))
+
+
+def _engine_made(path: str) -> bool:
+    return path in ENGINE_ENTRIES or any(
+        path.startswith(e + "/") for e in ("/proc", "/sys", "/dev", "/opt/crucible")
+    )
 
 
 def posix_parent(path: str) -> str:
