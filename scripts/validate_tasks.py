@@ -14,13 +14,16 @@ For every task folder (Harbor layout) under tasks/terminal/ this script:
 4. no-op run: the same without the solution; the reward must be 0.
 
 Everything it creates is named `taskval-<run id>-...` and labelled `crucible.taskval=<run id>`,
-and removed at the end (unless --keep-images). Prints a table; exits non-zero on any failure.
+and removed at the end (task images unless --keep-images). Prints a table; exits non-zero on
+any failure.
 
 Usage: .venv/bin/python scripts/validate_tasks.py [TASK_ID ...] [-j 2] [--base-image IMG]
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import secrets
 import sys
@@ -38,13 +41,25 @@ from docker.errors import APIError, BuildError, ImageNotFound, NotFound
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TASKS = REPO / "tasks" / "terminal"
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-REQUIRED_FILES = ["task.toml", "instruction.md", "environment/Dockerfile", "solution/solve.sh",
-                  "tests/test.sh", "tests/test_outputs.py"]
-TEST_SH = """#!/bin/bash
-mkdir -p /logs/verifier
-python3 -m pytest -p no:cacheprovider -rA --junitxml=/logs/verifier/junit.xml /tests/test_outputs.py
-if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
-"""
+REQUIRED_FILES = [
+    "task.toml",
+    "instruction.md",
+    "environment/Dockerfile",
+    "solution/solve.sh",
+    "tests/test.sh",
+    "tests/test_outputs.py",
+]
+TEST_SH = "\n".join(
+    [
+        "#!/bin/bash",
+        "mkdir -p /logs/verifier",
+        "python3 -m pytest -p no:cacheprovider -rA --junitxml=/logs/verifier/junit.xml"
+        " /tests/test_outputs.py",
+        "if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt;"
+        " else echo 0 > /logs/verifier/reward.txt; fi",
+        "",
+    ]
+)
 
 
 @dataclass
@@ -104,7 +119,7 @@ def check_layout(task_dir: Path, res: TaskResult) -> dict | None:
     res.difficulty = meta.get("difficulty", "?")
     res.category = meta.get("category", "?")
     if cfg.get("version") != "1.0":
-        res.problems.append("task.toml: version must be \"1.0\"")
+        res.problems.append('task.toml: version must be "1.0"')
     if res.difficulty not in ("easy", "medium", "hard"):
         res.problems.append("task.toml: metadata.difficulty must be easy|medium|hard")
     for key in ("author_name", "category", "tags"):
@@ -114,14 +129,21 @@ def check_layout(task_dir: Path, res: TaskResult) -> dict | None:
         if not isinstance(cfg.get(sect, {}).get("timeout_sec"), (int, float)):
             res.problems.append(f"task.toml: [{sect}] timeout_sec missing")
     env = cfg.get("environment", {})
-    for key in ("build_timeout_sec", "cpus", "memory_mb", "storage_mb", "allow_internet", "workdir"):
+    for key in (
+        "build_timeout_sec",
+        "cpus",
+        "memory_mb",
+        "storage_mb",
+        "allow_internet",
+        "workdir",
+    ):
         if key not in env:
             res.problems.append(f"task.toml: environment.{key} missing")
     if env.get("allow_internet") is not False:
         res.problems.append("task.toml: environment.allow_internet must be false")
     cru = cfg.get("crucible", {})
     if cru.get("domain") != "terminal":
-        res.problems.append("task.toml: crucible.domain must be \"terminal\"")
+        res.problems.append('task.toml: crucible.domain must be "terminal"')
     if not isinstance(cru.get("expected_tests"), int) or cru["expected_tests"] < 1:
         res.problems.append("task.toml: crucible.expected_tests must be a positive integer")
     else:
@@ -148,8 +170,14 @@ class Validator:
     def _start(self, image: str, name: str, cfg: dict):
         env = cfg.get("environment", {})
         return self.client.containers.run(
-            image, command=["sleep", "infinity"], entrypoint=[], detach=True, name=name,
-            network_mode="none", init=True, labels=self.labels,
+            image,
+            command=["sleep", "infinity"],
+            entrypoint=[],
+            detach=True,
+            name=name,
+            network_mode="none",
+            init=True,
+            labels=self.labels,
             nano_cpus=int(float(env.get("cpus", 1)) * 1e9),
             mem_limit=f"{int(env.get('memory_mb', 1024))}m",
         )
@@ -160,16 +188,12 @@ class Validator:
         return code, (out or b"").decode("utf-8", "replace")
 
     def _remove(self, container):
-        try:
+        with contextlib.suppress(NotFound, APIError):
             container.remove(force=True)
-        except (NotFound, APIError):
-            pass
 
     def _remove_image(self, ref: str):
-        try:
+        with contextlib.suppress(ImageNotFound, APIError):
             self.client.images.remove(ref, force=True, noprune=False)
-        except (ImageNotFound, APIError):
-            pass
 
     # -- one run -----------------------------------------------------------------
     def run_once(self, task_dir: Path, image: str, cfg: dict, with_solution: bool) -> RunResult:
@@ -183,8 +207,9 @@ class Validator:
             episode = self._start(image, f"{self.prefix}-{tid}-{mode}-ep", cfg)
             if with_solution:
                 episode.put_archive("/", tar_dir(task_dir / "solution", "solution"))
-                code, out = self._exec(episode, "bash /solution/solve.sh",
-                                       cfg["agent"]["timeout_sec"])
+                code, out = self._exec(
+                    episode, "bash /solution/solve.sh", cfg["agent"]["timeout_sec"]
+                )
                 rr.log += f"--- solve.sh exit {code}\n{out[-4000:]}\n"
             # the verifier gets a fresh container from the episode's final filesystem
             episode.commit(repository=snapshot, tag="latest", conf={"Labels": self.labels})
@@ -192,9 +217,12 @@ class Validator:
             episode = None
             verifier = self._start(f"{snapshot}:latest", f"{self.prefix}-{tid}-{mode}-ver", cfg)
             verifier.put_archive("/", tar_dir(task_dir / "tests", "tests"))
-            code, out = self._exec(verifier, "cd /app && bash --noprofile --norc /tests/test.sh",
-                                   cfg["verifier"]["timeout_sec"] + 10,
-                                   environment={"PATH": VERIFIER_PATH})
+            code, out = self._exec(
+                verifier,
+                "cd /app && bash --noprofile --norc /tests/test.sh",
+                cfg["verifier"]["timeout_sec"] + 10,
+                environment={"PATH": VERIFIER_PATH},
+            )
             rr.log += f"--- test.sh exit {code}\n{out[-6000:]}\n"
             reward = read_file(verifier, "/logs/verifier/reward.txt")
             rr.reward = reward.decode().strip() if reward is not None else "missing"
@@ -223,9 +251,15 @@ class Validator:
         t0 = time.monotonic()
         try:
             self.client.images.build(
-                path=str(task_dir / "environment"), tag=tag, rm=True, forcerm=True, pull=False,
-                buildargs={"BASE_IMAGE": self.base_image}, labels=self.labels,
-                timeout=int(cfg["environment"].get("build_timeout_sec", 600)))
+                path=str(task_dir / "environment"),
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                buildargs={"BASE_IMAGE": self.base_image},
+                labels=self.labels,
+                timeout=int(cfg["environment"].get("build_timeout_sec", 600)),
+            )
         except BuildError as e:
             log = "".join(x.get("stream", "") or x.get("error", "") for x in e.build_log)
             res.problems.append(f"build failed: {e.msg}")
@@ -238,14 +272,15 @@ class Validator:
         except Exception as e:  # noqa: BLE001 - report any docker failure per task
             res.problems.append(f"docker error: {e!r}")
             return res
-        finally:
-            if not self.keep_images:
-                self._remove_image(tag)
+        # task images are removed in cleanup(), once no build is running any more: removing an
+        # image prunes its untagged parent layers, which concurrent builds may be reusing
         o, n = res.oracle, res.noop
         if o.reward != "1":
             res.problems.append(f"oracle reward {o.reward} (expected 1)")
         if o.tests != res.expected_tests:
-            res.problems.append(f"oracle junit tests {o.tests} != expected_tests {res.expected_tests}")
+            res.problems.append(
+                f"oracle junit tests {o.tests} != expected_tests {res.expected_tests}"
+            )
         if o.failed or o.skipped:
             res.problems.append(f"oracle: {o.failed} failed/errored, {o.skipped} skipped")
         if n.reward != "0":
@@ -264,7 +299,9 @@ class Validator:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("tasks", nargs="*", help="task ids (default: all under --tasks-dir)")
     ap.add_argument("--tasks-dir", type=Path, default=DEFAULT_TASKS)
     ap.add_argument("--base-image", default="crucible/terminal:latest")
@@ -299,26 +336,36 @@ def main() -> int:
             for res in pool.map(v.validate, dirs):
                 results.append(res)
                 mark = "ok " if res.ok else "FAIL"
-                print(f"[{mark}] {res.task_id}  oracle={res.oracle.reward} noop={res.noop.reward} "
-                      f"({res.build_s + res.oracle.seconds + res.noop.seconds:.1f}s)", flush=True)
+                print(
+                    f"[{mark}] {res.task_id}  oracle={res.oracle.reward} noop={res.noop.reward} "
+                    f"({res.build_s + res.oracle.seconds + res.noop.seconds:.1f}s)",
+                    flush=True,
+                )
     finally:
         v.cleanup()
     total = time.monotonic() - t0
 
-    hdr = (f"{'task':34} {'diff':6} {'category':18} {'exp':>3} {'oracle':>6} {'tests':>5} {'noop':>4} "
-           f"{'noop_fail':>9} {'build':>6} {'orc_s':>6} {'noop_s':>6}  result")
+    hdr = (
+        f"{'task':34} {'diff':6} {'category':18} {'exp':>3} {'oracle':>6} {'tests':>5} {'noop':>4} "
+        f"{'noop_fail':>9} {'build':>6} {'orc_s':>6} {'noop_s':>6}  result"
+    )
     print()
     print(hdr)
     print("-" * len(hdr))
     for r in results:
-        print(f"{r.task_id:34} {r.difficulty:6} {r.category[:18]:18} {str(r.expected_tests):>3} "
-              f"{r.oracle.reward:>6} {str(r.oracle.tests):>5} {r.noop.reward:>4} "
-              f"{f'{r.noop.failed}/{r.noop.tests}':>9} {r.build_s:6.1f} "
-              f"{r.oracle.seconds:6.1f} {r.noop.seconds:6.1f}  {'PASS' if r.ok else 'FAIL: ' + '; '.join(r.problems)}")
+        verdict = "PASS" if r.ok else "FAIL: " + "; ".join(r.problems)
+        print(
+            f"{r.task_id:34} {r.difficulty:6} {r.category[:18]:18} {str(r.expected_tests):>3} "
+            f"{r.oracle.reward:>6} {str(r.oracle.tests):>5} {r.noop.reward:>4} "
+            f"{f'{r.noop.failed}/{r.noop.tests}':>9} {r.build_s:6.1f} "
+            f"{r.oracle.seconds:6.1f} {r.noop.seconds:6.1f}  {verdict}"
+        )
     failed = [r for r in results if not r.ok]
     diff = {d: sum(1 for r in results if r.difficulty == d) for d in ("easy", "medium", "hard")}
-    print(f"\n{len(results) - len(failed)}/{len(results)} tasks passed in {total:.1f}s "
-          f"(easy {diff['easy']}, medium {diff['medium']}, hard {diff['hard']})")
+    print(
+        f"\n{len(results) - len(failed)}/{len(results)} tasks passed in {total:.1f}s "
+        f"(easy {diff['easy']}, medium {diff['medium']}, hard {diff['hard']})"
+    )
     if args.verbose:
         for r in failed:
             print(f"\n===== {r.task_id} =====\n--- oracle\n{r.oracle.log}\n--- noop\n{r.noop.log}")

@@ -1,4 +1,5 @@
 """Verifier for fix-shell-report-pipeline: runs the script on fresh data sets."""
+
 import collections
 import importlib.util
 import os
@@ -37,7 +38,8 @@ def reference(root):
         rows.append((store, c, len(skus[store]), top))
     rows.sort(key=lambda r: (-r[1], r[0].encode()))
     return "store\trevenue\tskus\ttop_sku\n" + "".join(
-        f"{s}\t{c // 100}.{c % 100:02d}\t{n}\t{t}\n" for s, c, n, t in rows)
+        f"{s}\t{c // 100}.{c % 100:02d}\t{n}\t{t}\n" for s, c, n, t in rows
+    )
 
 
 def run(indir, out):
@@ -116,9 +118,11 @@ def test_tie_breaks(tmp_path):
         "date,store,qty,price,sku\n"
         "2024-01-01,Beta,2,5.00,SKU-9\n2024-01-01,Beta,2,5.00,SKU-10\n"
         "2024-01-02,Alpha,1,20.00,SKU-3\n"
-        "2024-01-03,Gamma Store,4,0.05,SKU-1\n")
+        "2024-01-03,Gamma Store,4,0.05,SKU-1\n"
+    )
     out = tmp_path / "r.tsv"
     r = run(data, out)
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == ("store\trevenue\tskus\ttop_sku\nAlpha\t20.00\t1\tSKU-3\n"
-                               "Beta\t20.00\t2\tSKU-10\nGamma Store\t0.20\t1\tSKU-1\n")
+    assert out.read_text() == (
+        "store\trevenue\tskus\ttop_sku\nAlpha\t20.00\t1\tSKU-3\nBeta\t20.00\t2\tSKU-10\nGamma Store\t0.20\t1\tSKU-1\n"
+    )

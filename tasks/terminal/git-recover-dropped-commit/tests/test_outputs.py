@@ -1,4 +1,5 @@
 """Verifier for git-recover-dropped-commit."""
+
 import os
 import subprocess
 
@@ -19,12 +20,16 @@ def git(*args, check=True):
 
 def test_on_main_and_clean():
     assert git("symbolic-ref", "HEAD") == "refs/heads/main"
-    status = [l for l in git("status", "--porcelain").splitlines() if "__pycache__" not in l and ".pytest_cache" not in l]
+    status = [
+        l for l in git("status", "--porcelain").splitlines() if "__pycache__" not in l and ".pytest_cache" not in l
+    ]
     assert status == []
 
 
 def test_readme_commit_kept():
-    r = subprocess.run(["git", "-c", "safe.directory=*", "merge-base", "--is-ancestor", README_COMMIT, "main"], cwd=REPO)
+    r = subprocess.run(
+        ["git", "-c", "safe.directory=*", "merge-base", "--is-ancestor", README_COMMIT, "main"], cwd=REPO
+    )
     assert r.returncode == 0
 
 
@@ -58,7 +63,13 @@ def test_experiment_branch_untouched():
 
 def test_project_tests_pass():
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    r = subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=REPO,
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4 passed" in r.stdout, r.stdout

@@ -1,4 +1,5 @@
 """Verifier for git-resolve-merge-conflict."""
+
 import os
 import subprocess
 import sys
@@ -89,7 +90,12 @@ def test_combined_pricing_behaviour():
 
 def test_validation():
     g = _committed_pricing()["gross_cents"]
-    for kwargs in ({"region": "XX"}, {"discount_pct": -1}, {"discount_pct": 101}, {"region": "DE", "discount_pct": 150}):
+    for kwargs in (
+        {"region": "XX"},
+        {"discount_pct": -1},
+        {"discount_pct": 101},
+        {"region": "DE", "discount_pct": 150},
+    ):
         try:
             g(1000, **kwargs)
         except ValueError:
@@ -99,7 +105,13 @@ def test_validation():
 
 def test_project_tests_pass():
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=REPO,
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "6 passed" in r.stdout, r.stdout

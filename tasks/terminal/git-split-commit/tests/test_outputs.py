@@ -1,4 +1,5 @@
 """Verifier for git-split-commit."""
+
 import os
 import subprocess
 import sys
@@ -25,8 +26,14 @@ def run_tests_at(rev):
         with tarfile.open(archive) as t:
             t.extractall(os.path.join(d, "src"))
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                              cwd=os.path.join(d, "src"), capture_output=True, text=True, env=env, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+            cwd=os.path.join(d, "src"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
 
 
 def test_parent_unchanged():

@@ -1,4 +1,5 @@
 """Verifier for makefile-repair."""
+
 import hashlib
 import importlib.util
 import os
@@ -10,18 +11,20 @@ import time
 SITE = pathlib.Path("/app/site")
 OUT = SITE / "out"
 PRISTINE = {
-    'clean': '0a34b5a34a5c6ed956c6b193777bff2f6ca3099735a8bb216f335d493a3c6d87',
-    'dist': 'cd84147060f7b99cc3e9feac8d875df77ac1410a916641a649adc4bf7d9b3afc',
-    'src/pages/about.md': 'fe11dde9fa8bc7bcbbaa027f28ad5ac8b018d85e7c17a82882f67048155bfcf1',
-    'src/pages/birds.md': '245ab32a2b58d150b1126e31f007f103b450914dc68bff35589eb401e3166df2',
-    'src/pages/tides.md': 'c25c0be98023e5ebfdabb48f0c4b39875dcebabe774f45a73f433689508158fe',
-    'static/style.css': '3a454a73611411adbb0484dd04d58cfaa3556b55c8a529aa0641a0fb17102e7f',
-    'tools/render.py': '2ad5cd6d7853987313bbf7209a9f3d187b06aa41ebb4d8f8dd02f18bd17d6f74',
+    "clean": "0a34b5a34a5c6ed956c6b193777bff2f6ca3099735a8bb216f335d493a3c6d87",
+    "dist": "cd84147060f7b99cc3e9feac8d875df77ac1410a916641a649adc4bf7d9b3afc",
+    "src/pages/about.md": "fe11dde9fa8bc7bcbbaa027f28ad5ac8b018d85e7c17a82882f67048155bfcf1",
+    "src/pages/birds.md": "245ab32a2b58d150b1126e31f007f103b450914dc68bff35589eb401e3166df2",
+    "src/pages/tides.md": "c25c0be98023e5ebfdabb48f0c4b39875dcebabe774f45a73f433689508158fe",
+    "static/style.css": "3a454a73611411adbb0484dd04d58cfaa3556b55c8a529aa0641a0fb17102e7f",
+    "tools/render.py": "2ad5cd6d7853987313bbf7209a9f3d187b06aa41ebb4d8f8dd02f18bd17d6f74",
 }
 
 
 def _renderer():
-    spec = importlib.util.spec_from_file_location("render_pristine", pathlib.Path(__file__).with_name("render_pristine.py"))
+    spec = importlib.util.spec_from_file_location(
+        "render_pristine", pathlib.Path(__file__).with_name("render_pristine.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -111,7 +114,9 @@ def test_edit_one_page_rebuilds_only_what_depends_on_it(tmp_path):
         assert "Bird Counts (Autumn)" in (OUT / "site/index.html").read_text()
         check_outputs(tmp_path)
     finally:
-        (SITE / "src/pages/birds.md").write_text("# Bird Counts\n\nSpring counts recorded 41 species, including <rare> avocets.\n")
+        (SITE / "src/pages/birds.md").write_text(
+            "# Bird Counts\n\nSpring counts recorded 41 species, including <rare> avocets.\n"
+        )
 
 
 def test_new_page_is_picked_up(tmp_path):

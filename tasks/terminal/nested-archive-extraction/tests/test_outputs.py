@@ -1,13 +1,14 @@
 """Verifier for nested-archive-extraction."""
+
 import hashlib
 import pathlib
 
 COMBINED = pathlib.Path("/app/combined.csv")
 PARTS = pathlib.Path("/app/parts.txt")
 
-EXPECTED_SHA256 = '941361661a1ee28e9978ff86844bbf0ab85258bf3afc7676e15ebc823e359f80'
-EXPECTED_FIRST = ['1117,east,33.19', '1736,south,336.29', '1972,west,275.74']
-EXPECTED_LAST = ['99735,west,68.93', '99815,west,697.54', '99855,east,107.40']
+EXPECTED_SHA256 = "941361661a1ee28e9978ff86844bbf0ab85258bf3afc7676e15ebc823e359f80"
+EXPECTED_FIRST = ["1117,east,33.19", "1736,south,336.29", "1972,west,275.74"]
+EXPECTED_LAST = ["99735,west,68.93", "99815,west,697.54", "99855,east,107.40"]
 EXPECTED_PARTS = "part1.csv 70\npart2.csv 50\npart3.csv 70\npart4.csv 70\npart5.csv 40\n"
 
 

@@ -1,11 +1,22 @@
 """Verifier for proc-snapshot-forensics (answers derived from the generated snapshot)."""
+
 import json
 import pathlib
 
 import pytest
 
 ANSWERS = pathlib.Path("/app/answers.json")
-KEYS = ['cpu_hog_ancestry', 'cpu_hog_cmdline', 'cpu_hog_pid', 'cpu_hog_seconds', 'listener_8080_pid', 'oldest_python3_pid', 'rss_kb_uid_1001', 'zombie_parent_name', 'zombie_pids']
+KEYS = [
+    "cpu_hog_ancestry",
+    "cpu_hog_cmdline",
+    "cpu_hog_pid",
+    "cpu_hog_seconds",
+    "listener_8080_pid",
+    "oldest_python3_pid",
+    "rss_kb_uid_1001",
+    "zombie_parent_name",
+    "zombie_pids",
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +35,9 @@ def test_cpu_hog(ans):
 
 
 def test_cpu_hog_cmdline(ans):
-    assert ans["cpu_hog_cmdline"] == '/opt/jobs/bin/data (sync) worker --full --since=2024-01-01 --target s3://bucket/a b'
+    assert (
+        ans["cpu_hog_cmdline"] == "/opt/jobs/bin/data (sync) worker --full --since=2024-01-01 --target s3://bucket/a b"
+    )
 
 
 def test_cpu_hog_ancestry(ans):
@@ -37,7 +50,7 @@ def test_listener(ans):
 
 def test_zombies(ans):
     assert ans["zombie_pids"] == [41, 43, 47]
-    assert ans["zombie_parent_name"] == 'jobrunner'
+    assert ans["zombie_parent_name"] == "jobrunner"
 
 
 def test_oldest_python3(ans):

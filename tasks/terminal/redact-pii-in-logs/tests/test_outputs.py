@@ -1,4 +1,5 @@
 """Verifier for redact-pii-in-logs."""
+
 import hashlib
 import pathlib
 import re

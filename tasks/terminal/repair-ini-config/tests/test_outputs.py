@@ -1,16 +1,26 @@
 """Verifier for repair-ini-config. Uses its own pristine copy of the checker."""
+
 import configparser
+import re
 import subprocess
 
-import re
-
 SCHEMA = {
-    "server": {"host": "host", "port": "port", "workers": "posint", "tls_cert": "path",
-               "tls_key": "path", "allowed_origins": "origins"},
+    "server": {
+        "host": "host",
+        "port": "port",
+        "workers": "posint",
+        "tls_cert": "path",
+        "tls_key": "path",
+        "allowed_origins": "origins",
+    },
     "database": {"url": "pgurl", "pool_size": "posint", "pool_timeout_s": "posint"},
     "logging": {"level": "level", "file": "path", "format": "str"},
-    "limits": {"max_body_size": "size", "rate_per_minute": "posint", "max_connections": "posint",
-               "idle_timeout_s": "posint"},
+    "limits": {
+        "max_body_size": "size",
+        "rate_per_minute": "posint",
+        "max_connections": "posint",
+        "idle_timeout_s": "posint",
+    },
     "queues": {"names": "list", "retry_backoff_s": "intlist"},
 }
 
@@ -65,15 +75,18 @@ def validate(path):
     return problems
 
 
-
 CONFIG = "/app/config/relay.ini"
 EXPECTED = {
-    "server": {"host": "0.0.0.0", "port": "8443", "workers": "4", "tls_cert": "/etc/relay/tls/cert.pem",
-               "tls_key": "/etc/relay/tls/key.pem",
-               "allowed_origins": ["https://app.example.com", "https://admin.example.com"]},
+    "server": {
+        "host": "0.0.0.0",
+        "port": "8443",
+        "workers": "4",
+        "tls_cert": "/etc/relay/tls/cert.pem",
+        "tls_key": "/etc/relay/tls/key.pem",
+        "allowed_origins": ["https://app.example.com", "https://admin.example.com"],
+    },
     "database": {"url": "postgresql://relay@db.internal:5432/relay", "pool_size": "12", "pool_timeout_s": "30"},
-    "logging": {"level": "INFO", "file": "/var/log/relay/relay.log",
-                "format": "%(asctime)s %(levelname)s %(message)s"},
+    "logging": {"level": "INFO", "file": "/var/log/relay/relay.log", "format": "%(asctime)s %(levelname)s %(message)s"},
     "limits": {"max_body_size": "10M", "rate_per_minute": "600", "max_connections": "2000", "idle_timeout_s": "75"},
     "queues": {"names": ["inbound", "outbound", "dead-letter"], "retry_backoff_s": ["5", "30", "300"]},
 }

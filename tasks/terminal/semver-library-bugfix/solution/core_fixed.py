@@ -37,9 +37,13 @@ def parse(text):
     if not m:
         raise ValueError(f"invalid version: {text!r}")
     major, minor, patch, pre, build = m.groups()
-    return Version(int(major), int(minor), int(patch),
-                   tuple(pre.split(".")) if pre else (),
-                   tuple(build.split(".")) if build else ())
+    return Version(
+        int(major),
+        int(minor),
+        int(patch),
+        tuple(pre.split(".")) if pre else (),
+        tuple(build.split(".")) if build else (),
+    )
 
 
 def _cmp(a, b):
@@ -99,8 +103,11 @@ def _expand(token):
 
 
 _OPS = {
-    "<": lambda c: c < 0, "<=": lambda c: c <= 0, ">": lambda c: c > 0,
-    ">=": lambda c: c >= 0, "=": lambda c: c == 0,
+    "<": lambda c: c < 0,
+    "<=": lambda c: c <= 0,
+    ">": lambda c: c > 0,
+    ">=": lambda c: c >= 0,
+    "=": lambda c: c == 0,
 }
 
 

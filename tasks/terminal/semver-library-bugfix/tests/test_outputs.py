@@ -1,4 +1,5 @@
 """Hidden checks for semver-library-bugfix (every rule of the documented spec)."""
+
 import hashlib
 import itertools
 import os
@@ -17,9 +18,20 @@ TESTS_SHA256 = "ffc285b3221def9e70ad203fdf494c6bc662243be1609f5a6ecac30f6821db66
 
 
 def test_parse_valid_and_roundtrip():
-    for s in ["0.0.0", "1.2.3-alpha.1", "1.0.0-0.3.7", "1.0.0-x.7.z.92", "1.0.0-x-y-z.--",
-              "1.0.0+20130313144700", "1.0.0-beta+exp.sha.5114f85", "1.0.0+21AF26D3----117B344092BD",
-              "1.0.0-0a", "1.0.0+001", "10.20.30", "1.2.3----RC-SNAPSHOT.12.9.1--.12+788"]:
+    for s in [
+        "0.0.0",
+        "1.2.3-alpha.1",
+        "1.0.0-0.3.7",
+        "1.0.0-x.7.z.92",
+        "1.0.0-x-y-z.--",
+        "1.0.0+20130313144700",
+        "1.0.0-beta+exp.sha.5114f85",
+        "1.0.0+21AF26D3----117B344092BD",
+        "1.0.0-0a",
+        "1.0.0+001",
+        "10.20.30",
+        "1.2.3----RC-SNAPSHOT.12.9.1--.12+788",
+    ]:
         assert str(parse(s)) == s, s
     assert str(parse("  v1.2.3 ")) == "1.2.3"
     assert str(parse("=1.2.3-rc.1")) == "1.2.3-rc.1"
@@ -28,8 +40,24 @@ def test_parse_valid_and_roundtrip():
 
 
 INVALID = [
-    "01.1.1", "1.01.1", "1.1.01", "1.2", "1.2.3-", "1.2.3+", "1.2.3-01", "1.2.3-alpha.01",
-    "1.2.3-a..b", "1.2.3-a$", "1.2.3+a..b", "", "v", "1.2.3.4", "a.b.c", "1.2.3 -a", "vv1.2.3", "-1.2.3",
+    "01.1.1",
+    "1.01.1",
+    "1.1.01",
+    "1.2",
+    "1.2.3-",
+    "1.2.3+",
+    "1.2.3-01",
+    "1.2.3-alpha.01",
+    "1.2.3-a..b",
+    "1.2.3-a$",
+    "1.2.3+a..b",
+    "",
+    "v",
+    "1.2.3.4",
+    "a.b.c",
+    "1.2.3 -a",
+    "vv1.2.3",
+    "-1.2.3",
 ]
 
 
@@ -41,8 +69,22 @@ def test_parse_rejects_invalid():
 
 
 def test_precedence_chain():
-    chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-             "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1-0", "1.0.1", "1.9.0", "1.10.0", "2.0.0", "10.0.0"]
+    chain = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "1.0.1-0",
+        "1.0.1",
+        "1.9.0",
+        "1.10.0",
+        "2.0.0",
+        "10.0.0",
+    ]
     for (i, a), (j, b) in itertools.product(enumerate(chain), repeat=2):
         assert compare(a, b) == (i > j) - (i < j), (a, b)
 
@@ -64,9 +106,11 @@ def test_build_metadata_ignored():
 
 
 def test_caret_ranges():
-    cases = {"^1.2.3": {"1.2.3": True, "1.9.9": True, "2.0.0": False, "1.2.2": False},
-             "^0.2.3": {"0.2.3": True, "0.2.99": True, "0.3.0": False, "1.0.0": False},
-             "^0.0.3": {"0.0.3": True, "0.0.4": False, "0.1.0": False}}
+    cases = {
+        "^1.2.3": {"1.2.3": True, "1.9.9": True, "2.0.0": False, "1.2.2": False},
+        "^0.2.3": {"0.2.3": True, "0.2.99": True, "0.3.0": False, "1.0.0": False},
+        "^0.0.3": {"0.0.3": True, "0.0.4": False, "0.1.0": False},
+    }
     for rng, expect in cases.items():
         for v, ok in expect.items():
             assert satisfies(v, rng) is ok, (v, rng)
@@ -111,7 +155,13 @@ def test_package_tests_pass_and_unchanged():
     with open(os.path.join(PKG, "tests/test_semverlite.py"), "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == TESTS_SHA256
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=PKG,
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=PKG,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "7 passed" in r.stdout

@@ -1,4 +1,5 @@
 """Verifier for shared-dir-permissions."""
+
 import grp
 import os
 import pathlib
@@ -9,9 +10,14 @@ import subprocess
 S = pathlib.Path("/srv/projects")
 SHARED_DIRS = ["", "q1", "q1/raw", "q2", "tools"]
 SHARED_FILES = {  # path -> expected owner
-    "q1/raw/sales.csv": "bob", "q1/raw/costs.csv": "root", "q1/summary.md": "root",
-    "q2/plan.md": "alice", "notes.txt": "alice", "tools/refresh.sh": "root",
-    "tools/export.sh": "root", "tools/README": "root",
+    "q1/raw/sales.csv": "bob",
+    "q1/raw/costs.csv": "root",
+    "q1/summary.md": "root",
+    "q2/plan.md": "alice",
+    "notes.txt": "alice",
+    "tools/refresh.sh": "root",
+    "tools/export.sh": "root",
+    "tools/README": "root",
 }
 AUDIT_DIRS = ["", "2024"]
 AUDIT_FILES = ["2024/jan.log", "2024/feb.log", "findings.md"]
@@ -89,14 +95,24 @@ def test_alice_login_umask():
 def test_collaboration_works():
     probe = S / "shared/q2/.probe_by_bob"
     try:
-        r = subprocess.run(["runuser", "-u", "bob", "--", "sh", "-c", f"umask 007 && echo hi > {probe}"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["runuser", "-u", "bob", "--", "sh", "-c", f"umask 007 && echo hi > {probe}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode == 0, r.stderr
         assert grp.getgrgid(_st(probe).st_gid).gr_name == "analysts"
-        r = subprocess.run(["runuser", "-u", "alice", "--", "cat", str(probe)], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["runuser", "-u", "alice", "--", "cat", str(probe)], capture_output=True, text=True, timeout=30
+        )
         assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
-        r = subprocess.run(["runuser", "-u", "carol", "--", "cat", str(S / "shared/notes.txt")],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["runuser", "-u", "carol", "--", "cat", str(S / "shared/notes.txt")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode != 0, "carol must not read the analysts' files"
     finally:
         if probe.exists():

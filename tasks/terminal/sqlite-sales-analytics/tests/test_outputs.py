@@ -4,6 +4,7 @@ The agent's queries are run (read-only) against freshly generated databases: the
 agent saw (seed 1) and two unseen ones (seeds 2 and 3), and compared with an independent
 Python computation.
 """
+
 import collections
 import importlib.util
 import pathlib
@@ -53,8 +54,10 @@ def _facts(db):
     con = sqlite3.connect(str(db))
     names = dict(con.execute("SELECT customer_id, name FROM customers"))
     products = con.execute("SELECT product_id, name FROM products ORDER BY product_id").fetchall()
-    orders = {oid: (cid, ts) for oid, cid, ts in
-              con.execute("SELECT order_id, customer_id, ordered_at FROM orders WHERE status='completed'")}
+    orders = {
+        oid: (cid, ts)
+        for oid, cid, ts in con.execute("SELECT order_id, customer_id, ordered_at FROM orders WHERE status='completed'")
+    }
     value = collections.defaultdict(float)
     sold = set()
     for oid, pid, qty, price in con.execute("SELECT order_id, product_id, qty, unit_price FROM order_items"):
