@@ -1,0 +1,248 @@
+"""The task registry: loaded suites by name, task look-up, and each task's image and template.
+
+A task's image is its environment folder built on a Crucible sandbox image
+(``service.images.build_context``: the tag is a content hash, so an unchanged task on an
+unchanged base is never rebuilt), or the prebuilt ``[environment].docker_image``. Its template
+is the sandbox recipe made from the task's limits, network policy and workdir.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import docker
+
+from service.config import Settings
+from service.errors import InvalidRequest, NotFound
+from service.images import ProgressFn, build_context
+from service.tasks.loader import discover_suites
+from service.tasks.models import DOMAINS, Suite, Task
+from service.templates import Template
+
+DEFAULT_IMAGE_PREFIX = "crucible-task"
+LABEL_TASK = "crucible.task"
+TEMPLATE_NAME_MAX = 63  # service.templates.Template.name: ^[a-z0-9][a-z0-9_.-]{0,62}$
+
+_TEMPLATE_BAD = re.compile(r"[^a-z0-9_.-]+")
+_REPO_BAD = re.compile(r"[^a-z0-9]+")
+
+
+def image_repository(task: Task, *, prefix: str = DEFAULT_IMAGE_PREFIX) -> str:
+    """The Docker repository of a task's built image: ``<prefix>/<suite>-<id>``, lowercased.
+
+    Characters Docker does not allow in a repository path component become ``-``.
+    """
+    component = _REPO_BAD.sub("-", f"{task.suite}-{task.id}".lower()).strip("-")
+    return f"{prefix}/{component}"
+
+
+def template_name(task: Task) -> str:
+    """``task-<suite>-<id>`` within the template name rule (at most 63 characters).
+
+    Lowercased, other characters replaced by ``-``; a name too long is cut and ends with 8 hex
+    digits of a sha256 of the full name, so distinct tasks keep distinct names.
+    """
+    full = f"task-{task.suite}-{task.id}"
+    name = _TEMPLATE_BAD.sub("-", full.lower())
+    if len(name) <= TEMPLATE_NAME_MAX and name == full.lower():
+        return name
+    suffix = hashlib.sha256(full.encode()).hexdigest()[:8]
+    return f"{name[: TEMPLATE_NAME_MAX - 9].rstrip('-_.')}-{suffix}"
+
+
+def template_for(task: Task, image: str) -> Template:
+    """The sandbox template of a task running on ``image`` (from ``ensure_image``).
+
+    Limits come from the task (``cpus``, ``memory_mb``, ``storage_mb`` as ``disk_mb``); the
+    network is ``none`` unless the task allows internet; ``workdir`` is the task's;
+    ``files_root`` is ``/``.
+    """
+    env = task.environment
+    return Template(
+        name=template_name(task),
+        image=image,
+        description=f"task {task.key} ({task.format}, version {task.version})",
+        cpus=env.cpus,
+        memory_mb=env.memory_mb,
+        disk_mb=env.storage_mb,
+        network="bridge" if env.allow_internet else "none",
+        workdir=env.workdir,
+        files_root="/",
+    )
+
+
+class TaskRegistry:
+    """Thread-safe holder of loaded suites, with per-process caching of task images.
+
+    ``image_prefix`` is the repository prefix of built task images (tests use a unique one);
+    ``settings`` and ``client`` are passed to ``build_context`` (defaults: process settings and
+    a client from the environment).
+    """
+
+    def __init__(
+        self,
+        suites: Iterable[Suite] = (),
+        *,
+        image_prefix: str = DEFAULT_IMAGE_PREFIX,
+        settings: Settings | None = None,
+        client: docker.DockerClient | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._suites: dict[str, Suite] = {}
+        self._images: dict[tuple[str, str, str], str] = {}
+        self._build_locks: dict[tuple[str, str, str], threading.Lock] = {}
+        self.image_prefix = image_prefix
+        self._settings = settings
+        self._client = client
+        for suite in suites:
+            self.add_suite(suite)
+
+    @classmethod
+    def from_root(
+        cls,
+        root: str | Path,
+        *,
+        collect_errors: bool = False,
+        image_prefix: str = DEFAULT_IMAGE_PREFIX,
+        settings: Settings | None = None,
+        client: docker.DockerClient | None = None,
+    ) -> TaskRegistry:
+        """A registry of every suite under ``root`` (e.g. ``tasks/``).
+
+        Raises ``TaskFormatError`` as ``discover_suites`` does.
+        """
+        suites = discover_suites(root, collect_errors=collect_errors)
+        return cls(suites, image_prefix=image_prefix, settings=settings, client=client)
+
+    # ----------------------------------------------------------------------- suites and tasks
+
+    def add_suite(self, suite: Suite) -> None:
+        """Add a suite, replacing one of the same name."""
+        with self._lock:
+            self._suites[suite.name] = suite
+
+    def suites(self) -> builtins.list[Suite]:
+        """All suites, sorted by name."""
+        with self._lock:
+            return [self._suites[name] for name in sorted(self._suites)]
+
+    def suite(self, name: str) -> Suite:
+        """The suite; ``NotFound`` (field ``suite``) when unknown."""
+        with self._lock:
+            found = self._suites.get(name)
+            known = sorted(self._suites)
+        if found is None:
+            raise NotFound(f"unknown suite {name!r}; known: {', '.join(known)}", field="suite")
+        return found
+
+    def get(self, task_id: str, suite: str | None = None) -> Task:
+        """A task by id (or ``<suite>/<id>``), optionally within one suite.
+
+        Raises ``NotFound`` (field ``suite`` or ``task_id``) when unknown, ``InvalidRequest``
+        (field ``task_id``) when the id exists in several suites and no suite is named.
+        """
+        if suite is None and "/" in task_id:
+            suite, task_id = task_id.split("/", 1)
+        if suite is not None:
+            found = self.suite(suite).get(task_id)
+            if found is None:
+                raise NotFound(f"unknown task {task_id!r} in suite {suite!r}", field="task_id")
+            return found
+        matches = [t for s in self.suites() if (t := s.get(task_id)) is not None]
+        if not matches:
+            raise NotFound(f"unknown task {task_id!r}", field="task_id")
+        if len(matches) > 1:
+            where = ", ".join(t.suite for t in matches)
+            raise InvalidRequest(
+                f"task id {task_id!r} is in several suites ({where}); name the suite",
+                field="task_id",
+            )
+        return matches[0]
+
+    def list(self, suite: str | None = None, domain: str | None = None) -> builtins.list[Task]:
+        """Tasks sorted by suite then id, optionally of one suite and/or one domain.
+
+        Raises ``NotFound`` for an unknown suite, ``InvalidRequest`` for an unknown domain.
+        """
+        if domain is not None and domain not in DOMAINS:
+            raise InvalidRequest(
+                f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}", field="domain"
+            )
+        suites = [self.suite(suite)] if suite is not None else self.suites()
+        return [t for s in suites for t in s.tasks if domain is None or t.domain == domain]
+
+    # ----------------------------------------------------------------------- images and templates
+
+    def ensure_image(
+        self,
+        task: Task,
+        *,
+        base_image: str,
+        force: bool = False,
+        progress: ProgressFn | None = None,
+    ) -> str:
+        """The image reference to run ``task`` on, building it at most once per process.
+
+        A prebuilt ``docker_image`` is returned as is (it must be present or pullable when a
+        sandbox starts). Otherwise ``task.environment_dir`` is built on ``base_image`` (e.g.
+        ``crucible/terminal:latest``) as ``<image_prefix>/<suite>-<id>:<content hash>``; the
+        Dockerfile gets the base as ``ARG BASE_IMAGE``. The tag is remembered per (task,
+        version, base image ref): later calls return it without touching the engine (after
+        rebuilding the base under the same ref in a running process, ``clear_image_cache``).
+        ``force`` rebuilds without the layer cache.
+
+        Raises ``ImageBuildError`` when the base is missing or a build step fails (the message
+        ends with the build log tail and path), ``SandboxError`` when the engine is
+        unreachable. The task's ``build_timeout_s`` is not enforced here.
+        """
+        if task.environment.docker_image is not None:
+            return task.environment.docker_image
+        context_dir = task.environment_dir
+        assert context_dir is not None  # TaskEnvironment guarantees one image source
+        key = (task.key, task.version, base_image)
+        with self._lock:
+            cached = None if force else self._images.get(key)
+            build_lock = self._build_locks.setdefault(key, threading.Lock())
+        if cached is not None:
+            return cached
+        with build_lock:
+            with self._lock:
+                cached = None if force else self._images.get(key)
+            if cached is not None:
+                return cached  # another thread built it while this one waited
+            tag = build_context(
+                context_dir,
+                repository=image_repository(task, prefix=self.image_prefix),
+                base_image=base_image,
+                build_args={"BASE_IMAGE": base_image},
+                dockerfile=task.environment.dockerfile,
+                labels={LABEL_TASK: task.key},
+                force=force,
+                settings=self._settings,
+                progress=progress,
+                client=self._client,
+            )
+            with self._lock:
+                self._images[key] = tag
+        return tag
+
+    def cached_image(self, task: Task, *, base_image: str) -> str | None:
+        """The tag ``ensure_image`` would return without building, or None."""
+        if task.environment.docker_image is not None:
+            return task.environment.docker_image
+        with self._lock:
+            return self._images.get((task.key, task.version, base_image))
+
+    def clear_image_cache(self) -> None:
+        """Forget the tags built so far (the next ``ensure_image`` re-checks the engine)."""
+        with self._lock:
+            self._images.clear()
+
+    def template_for(self, task: Task, image: str) -> Template:
+        """The task's sandbox template on ``image``; see the module function ``template_for``."""
+        return template_for(task, image)
