@@ -1,0 +1,222 @@
+"""Anomaly monitor: a pass-rate spike against history flags a verifier as possibly gamed.
+
+For each task and each domain, the verified records (``status == "ok"``) are ordered newest
+first. The *window* is the newest ``window`` of them (default 50); the *history* is every
+older one (optionally only the newest ``max_history`` of those). A record passes when
+``reward >= threshold`` (1.0 by default, per-domain overrides for continuous scores).
+
+The spike test is a one-sided two-proportion z-test with the pooled proportion::
+
+    p_w = x_w / n_w,  p_h = x_h / n_h,  p = (x_w + x_h) / (n_w + n_h)
+    z = (p_w - p_h) / sqrt(p * (1 - p) * (1/n_w + 1/n_h))
+
+(e.g. Agresti, *Categorical Data Analysis*, 3rd ed., section 3.1.3; ``z`` is 0.0 when every
+record passed or every record failed). A key is flagged when the window is full
+(``n_w == window``), the history holds at least ``min_history`` records (default 100) and
+``z > z_threshold`` (default 3.0: about 1 false alarm in 740 checks of a key whose pass rate
+did not change, by the normal approximation). The z-test accounts for sample size: a jump
+from 10% to 30% over 50 records is z = 3.6 against 200 records of history, z = 1.8
+against 20. Only rises are flagged: an agent that suddenly "solves" a task is the symptom of
+a verifier it can game; a drop is a regression, not an exploit.
+
+``update_gauge`` publishes ``crucible_verifier_anomaly{scope, key}`` (1 flagged, 0 not).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from prometheus_client import Gauge
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Float, case, cast, func, literal, select
+
+from service.db.engine import Database
+from service.db.models import RewardRecordRow
+from service.metrics import REGISTRY
+
+DEFAULT_WINDOW = 50
+DEFAULT_MIN_HISTORY = 100
+DEFAULT_Z_THRESHOLD = 3.0
+DEFAULT_PASS_THRESHOLD = 1.0
+
+Scope = Literal["task", "domain"]
+
+VERIFIER_ANOMALY = Gauge(
+    "crucible_verifier_anomaly",
+    "1 when the recent pass rate of a task or domain spikes against its history "
+    "(verifier possibly gamed), else 0.",
+    ["scope", "key"],
+    registry=REGISTRY,
+)
+
+
+class Anomaly(BaseModel):
+    """The spike check of one task or domain.
+
+    Rates are pass fractions in [0, 1] (None when their count is 0); ``z`` is the
+    two-proportion z statistic (None when either count is 0).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    scope: Scope
+    key: str
+    window_rate: float | None
+    history_rate: float | None
+    window_n: int
+    history_n: int
+    z: float | None
+    flagged: bool
+
+
+def two_proportion_z(x_w: int, n_w: int, x_h: int, n_h: int) -> float | None:
+    """Pooled two-proportion z of ``x_w / n_w`` against ``x_h / n_h`` (module docstring).
+
+    None when a count is 0; 0.0 when the pooled proportion is 0 or 1 (no spread).
+    """
+    if n_w <= 0 or n_h <= 0:
+        return None
+    p = (x_w + x_h) / (n_w + n_h)
+    var = p * (1.0 - p) * (1.0 / n_w + 1.0 / n_h)
+    if var <= 0.0:
+        return 0.0
+    return (x_w / n_w - x_h / n_h) / math.sqrt(var)
+
+
+def compute_anomalies(
+    db: Database,
+    *,
+    tenant_id: str | None = None,
+    window: int = DEFAULT_WINDOW,
+    min_history: int = DEFAULT_MIN_HISTORY,
+    max_history: int | None = None,
+    z_threshold: float = DEFAULT_Z_THRESHOLD,
+    pass_threshold: float = DEFAULT_PASS_THRESHOLD,
+    pass_thresholds: Mapping[str, float] | None = None,
+) -> list[Anomaly]:
+    """The spike check of every task and every domain with verified records.
+
+    Args:
+        tenant_id: only this tenant's records; None (default) pools every tenant's, since a
+            gamed verifier is a property of the task, whoever runs it.
+        window: records in the window (the newest ones).
+        min_history: fewest history records for a key to be flagged.
+        max_history: use only the newest ``max_history`` records before the window
+            (None: all of them).
+        z_threshold: flag when ``z`` exceeds it.
+        pass_threshold: a record passes when ``reward >= pass_threshold``...
+        pass_thresholds: ...or the threshold of its domain here (e.g. ``{"cad": 0.8}``).
+
+    Returns:
+        One ``Anomaly`` per task (key ``task_id``) and per domain (key ``domain``), sorted
+        by scope then key.
+    """
+    if window < 1 or min_history < 1 or (max_history is not None and max_history < 1):
+        raise ValueError("window, min_history and max_history must be positive")
+    out: list[Anomaly] = []
+    for scope in ("domain", "task"):
+        out += _scope(
+            db,
+            scope,
+            tenant_id=tenant_id,
+            window=window,
+            min_history=min_history,
+            max_history=max_history,
+            z_threshold=z_threshold,
+            pass_threshold=pass_threshold,
+            pass_thresholds=pass_thresholds,
+        )
+    return sorted(out, key=lambda a: (a.scope, a.key))
+
+
+def _scope(
+    db: Database,
+    scope: Scope,
+    *,
+    tenant_id: str | None,
+    window: int,
+    min_history: int,
+    max_history: int | None,
+    z_threshold: float,
+    pass_threshold: float,
+    pass_thresholds: Mapping[str, float] | None,
+) -> list[Anomaly]:
+    R = RewardRecordRow
+    key_col = R.task_id if scope == "task" else R.domain
+    threshold = (
+        case(
+            {d: literal(float(t), Float) for d, t in pass_thresholds.items()},
+            value=R.domain,
+            else_=literal(float(pass_threshold), Float),
+        )
+        if pass_thresholds
+        else literal(float(pass_threshold), Float)
+    )
+    rn = func.row_number().over(
+        partition_by=key_col, order_by=(R.created_at.desc(), R.record_id.desc())
+    )
+    ranked = select(
+        key_col.label("key"),
+        case((cast(R.reward, Float) >= threshold, 1), else_=0).label("passed"),
+        rn.label("rn"),
+    ).where(R.status == "ok", R.reward.is_not(None))
+    if tenant_id is not None:
+        ranked = ranked.where(R.tenant_id == tenant_id)
+    ranked_sq = ranked.subquery()
+    in_window = ranked_sq.c.rn <= window
+    stmt = select(
+        ranked_sq.c.key,
+        func.sum(case((in_window, 1), else_=0)),
+        func.sum(case((in_window, ranked_sq.c.passed), else_=0)),
+        func.sum(case((in_window, 0), else_=1)),
+        func.sum(case((in_window, 0), else_=ranked_sq.c.passed)),
+    ).group_by(ranked_sq.c.key)
+    if max_history is not None:
+        stmt = stmt.where(ranked_sq.c.rn <= window + max_history)
+    with db.read() as s:
+        rows = s.execute(stmt).all()
+    out = []
+    for key, n_w, x_w, n_h, x_h in rows:
+        n_w, x_w, n_h, x_h = int(n_w), int(x_w), int(n_h), int(x_h)
+        z = two_proportion_z(x_w, n_w, x_h, n_h)
+        out.append(
+            Anomaly(
+                scope=scope,
+                key=key,
+                window_rate=x_w / n_w if n_w else None,
+                history_rate=x_h / n_h if n_h else None,
+                window_n=n_w,
+                history_n=n_h,
+                z=z,
+                flagged=n_w >= window and n_h >= min_history and z is not None and z > z_threshold,
+            )
+        )
+    return out
+
+
+_published: set[tuple[str, str]] = set()
+_publish_lock = threading.Lock()
+
+
+def update_gauge(anomalies: Iterable[Anomaly]) -> None:
+    """Set ``crucible_verifier_anomaly{scope, key}`` to 1 (flagged) or 0 for each check,
+    and drop the series of keys that are no longer reported."""
+    with _publish_lock:
+        current: set[tuple[str, str]] = set()
+        for a in anomalies:
+            VERIFIER_ANOMALY.labels(scope=a.scope, key=a.key).set(1.0 if a.flagged else 0.0)
+            current.add((a.scope, a.key))
+        for labels in _published - current:
+            VERIFIER_ANOMALY.remove(*labels)
+        _published.clear()
+        _published.update(current)
+
+
+def refresh(db: Database, **options: Any) -> list[Anomaly]:
+    """``compute_anomalies(db, **options)`` (all tenants unless given), then ``update_gauge``."""
+    anomalies = compute_anomalies(db, **options)
+    update_gauge(anomalies)
+    return anomalies
