@@ -12,7 +12,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import tenants
-from service.api import audit, health, problems, sandboxes, snapshots, templates_pools
+from service.api import (
+    audit,
+    health,
+    jobs,
+    problems,
+    rewards,
+    sandboxes,
+    snapshots,
+    tasks,
+    templates_pools,
+)
 from service.config import Settings, get_settings
 from service.context import ServiceContext
 from service.metrics import HTTP_LATENCY, HTTP_REQUESTS
@@ -98,7 +108,7 @@ def create_app(
         lifespan=lifespan,
     )
     problems.install(app)
-    for r in (health, sandboxes, snapshots, templates_pools, audit):
+    for r in (health, sandboxes, snapshots, templates_pools, tasks, jobs, rewards, audit):
         app.include_router(r.router)
     app.add_middleware(MetricsMiddleware)
     return app

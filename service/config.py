@@ -61,6 +61,14 @@ class Settings(BaseSettings):
     default_quota_cpus: float = Field(32.0, ge=0)
     default_quota_memory_mb: int = Field(64 * 1024, ge=0)
 
+    tasks_dir: Path = Field(
+        Path(__file__).resolve().parent.parent / "tasks",
+        description="Root of the task suites (one folder per suite).",
+    )
+    keep_episode_snapshots: bool = Field(
+        False, description="Keep each episode's final snapshot image after verification."
+    )
+
     bootstrap_admin_key: str | None = Field(
         None, description="If set, an admin key with this secret exists at start-up."
     )

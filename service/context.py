@@ -8,6 +8,7 @@ from service.config import Settings
 from service.db.engine import Database
 from service.pool import PoolManager
 from service.runtime.base import SandboxRuntime
+from service.tasks.registry import TaskRegistry
 from service.templates import TemplateRegistry, builtin_templates
 
 
@@ -20,6 +21,7 @@ class ServiceContext:
     runtime: SandboxRuntime
     templates: TemplateRegistry
     pools: PoolManager
+    tasks: TaskRegistry
 
     @classmethod
     def build(cls, settings: Settings, *, runtime: SandboxRuntime | None = None) -> ServiceContext:
@@ -36,4 +38,7 @@ class ServiceContext:
             runtime = DockerRuntime.from_settings(settings)
         templates = TemplateRegistry(builtin_templates(settings.image_prefix))
         pools = PoolManager(settings=settings, db=db, runtime=runtime, templates=templates)
-        return cls(settings=settings, db=db, runtime=runtime, templates=templates, pools=pools)
+        tasks = TaskRegistry.from_root(settings.tasks_dir, collect_errors=True, settings=settings)
+        return cls(
+            settings=settings, db=db, runtime=runtime, templates=templates, pools=pools, tasks=tasks
+        )

@@ -150,8 +150,9 @@ def put(
             tar, _ = sanitize_tar(data, uid=tpl.uid, gid=tpl.gid)
             # Resolving a child of ``target`` with create_parents makes ``target`` itself
             # (mkdir -p) and returns its resolved path as the child's parent.
-            child = _resolve(ctx, row.container_id, posixpath.join(target, "_"), tpl,
-                             create_parents=True)
+            child = _resolve(
+                ctx, row.container_id, posixpath.join(target, "_"), tpl, create_parents=True
+            )
             dest = posixpath.dirname(child)
         else:
             if target == "/" or path.endswith("/"):

@@ -72,6 +72,7 @@ class PoolManager:
         )
         self._destroyer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="crucible-destroy")
         self._inflight: dict[str, int] = {}
+        self._demand: dict[str, int] = {}  # in-process warm targets asked for by jobs
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -106,6 +107,19 @@ class PoolManager:
             )
         self._wake.set()
 
+    def add_demand(self, template: str, size: int = 1) -> None:
+        """Ask for ``size`` warm sandboxes of ``template`` while a job needs it (in-process,
+        never below the stored target)."""
+        with self._lock:
+            self._demand[template] = max(self._demand.get(template, 0), size)
+        self._wake.set()
+
+    def drop_demand(self, template: str) -> None:
+        """Forget a job's demand for ``template``; surplus warm sandboxes are trimmed."""
+        with self._lock:
+            self._demand.pop(template, None)
+        self._wake.set()
+
     def levels(self) -> dict[str, dict[str, int]]:
         """Per template: target, warm, starting (not yet leased) and leased counts."""
         with self.db.read() as s:
@@ -119,9 +133,13 @@ class PoolManager:
                 for p in s.execute(select(Pool).where(Pool.deployment == self.deployment)).scalars()
             }
         out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            demand = dict(self._demand)
         names = {t.name for t in self.templates.all()} | set(overrides) | {r[0] for r in rows}
         for name in names:
-            tgt = overrides.get(name, self.settings.pool_targets.get(name, 0))
+            tgt = max(
+                overrides.get(name, self.settings.pool_targets.get(name, 0)), demand.get(name, 0)
+            )
             out[name] = {"target": tgt, "warm": 0, "starting": 0, "leased": 0}
         for template, state, unowned, n in rows:
             lv = out[template]
@@ -295,18 +313,24 @@ class PoolManager:
         self.destroy_async(sandbox_id)
 
     def _destroy_row(self, sandbox_id: str) -> None:
-        with self.db.session() as s:
+        with self.db.read() as s:
             row = s.get(Sandbox, sandbox_id)
-            cid = row.container_id if row else None
-        if cid:
-            try:
-                self.runtime.destroy(cid)
-            except CrucibleError as e:
-                log.warning("destroy of %s failed: %s", sandbox_id, e)
+        if row is not None and row.container_id:
+            self._destroy_quietly(row.container_id)
 
     def destroy_async(self, sandbox_id: str) -> Future:
         """Destroy a sandbox's container in the background (release must stay fast)."""
         return self._destroyer.submit(self._destroy_row, sandbox_id)
+
+    def destroy_container_async(self, container_id: str) -> Future:
+        """Destroy a container that has no sandbox row (a verifier's) in the background."""
+        return self._destroyer.submit(self._destroy_quietly, container_id)
+
+    def _destroy_quietly(self, container_id: str) -> None:
+        try:
+            self.runtime.destroy(container_id)
+        except CrucibleError as e:
+            log.warning("destroy of container %s failed: %s", container_id, e)
 
     def reap(self) -> int:
         """Expire leases whose ``expires_at`` passed; return how many were expired."""

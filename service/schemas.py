@@ -198,3 +198,160 @@ class Problem(BaseModel):
     instance: str | None = None
     field: str | None = None
     errors: list[dict[str, Any]] | None = None
+
+
+class TaskOut(_Model):
+    """A task as workers see it (no tests, no solution)."""
+
+    id: str
+    suite: str
+    domain: str
+    version: str
+    format: str
+    instruction: str
+    agent_timeout_s: float
+    verifier_timeout_s: float
+    workdir: str
+    metadata: dict[str, Any]
+
+
+class TaskList(_Model):
+    """``GET /v1/tasks``; ``errors`` lists malformed tasks the server skipped."""
+
+    tasks: list[TaskOut]
+    errors: list[str] = Field(default_factory=list)
+
+
+class EpisodeIn(_Model):
+    """``POST /v1/episodes``: start ``group_size`` episodes of one task from one state."""
+
+    task_id: str = Field(min_length=1, max_length=400)
+    suite: str | None = Field(None, max_length=200)
+    group_size: int = Field(1, ge=1)
+    ttl_s: int | None = Field(None, ge=1)
+    job_id: str | None = Field(None, max_length=40)
+    work_item_id: str | None = Field(None, max_length=40)
+    group_id: str | None = Field(None, max_length=40)
+
+
+class EpisodeOut(_Model):
+    """One started episode: act in ``sandbox_id``, in ``workdir``, on ``instruction``."""
+
+    id: str
+    group_id: str
+    sample_idx: int
+    task_id: str
+    suite: str
+    domain: str
+    task_version: str
+    sandbox_id: str
+    state: str
+    instruction: str
+    workdir: str
+    agent_timeout_s: float
+    job_id: str | None = None
+
+
+class EpisodeGroupOut(_Model):
+    """The episodes of one group, in sample order."""
+
+    group_id: str
+    episodes: list[EpisodeOut]
+
+
+class PolicyIn(_Model):
+    """Which policy acted."""
+
+    name: str = Field(min_length=1, max_length=200)
+    version: str = Field("", max_length=200)
+
+
+class TurnIn(_Model):
+    """One turn's summary: the action and how its exec ended."""
+
+    action: str
+    exit_code: int | None = None
+    duration_ms: float = Field(0.0, ge=0)
+    truncated: bool = False
+
+
+class TimingIn(_Model):
+    """What the worker measured, in milliseconds."""
+
+    queue_ms: float = Field(0.0, ge=0)
+    policy_ms: float = Field(0.0, ge=0)
+    env_ms: float = Field(0.0, ge=0)
+
+
+class VerifyIn(_Model):
+    """``POST /v1/episodes/{id}/verify``: the trajectory the worker recorded."""
+
+    policy: PolicyIn
+    stop_reason: Literal["complete", "max_turns", "agent_timeout", "context_length", "error"] = (
+        "complete"
+    )
+    exclude_from_loss: bool = False
+    turns: list[TurnIn] = Field(default_factory=list)
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    rollout_logprobs: list[float] = Field(default_factory=list)
+    timing: TimingIn = Field(default_factory=TimingIn)
+
+
+class JobIn(_Model):
+    """``POST /v1/jobs``: tasks x group size for one policy (all of ``suite`` by default)."""
+
+    suite: str = Field(min_length=1, max_length=200)
+    task_ids: list[str] | None = Field(None, max_length=10000)
+    group_size: int = Field(1, ge=1)
+    priority: int = Field(0, ge=-1000, le=1000)
+    policy: PolicyIn
+    max_attempts: int = Field(3, ge=1, le=20)
+
+
+class JobOut(_Model):
+    """A job and its progress."""
+
+    id: str
+    suite: str
+    task_ids: list[str]
+    group_size: int
+    priority: int
+    policy: dict[str, Any]
+    max_attempts: int
+    state: str
+    created_at: datetime
+    finished_at: datetime | None
+    progress: dict[str, Any]
+
+
+class ClaimIn(_Model):
+    """``POST /v1/jobs/{id}/claim``."""
+
+    worker: str = Field(min_length=1, max_length=200)
+    lease_s: float = Field(600.0, gt=0, le=24 * 3600)
+
+
+class WorkItemOut(_Model):
+    """A claimed unit of work: run ``group_size`` episodes of ``task_id`` as ``group_id``."""
+
+    id: str
+    job_id: str
+    task_id: str
+    group_id: str
+    state: str
+    attempts: int
+    claim_expires_at: datetime | None
+    last_error: str | None
+    group_size: int
+    suite: str
+    policy: dict[str, Any]
+
+
+class CompleteIn(_Model):
+    """``POST /v1/work-items/{id}/complete``."""
+
+    worker: str = Field(min_length=1, max_length=200)
+    ok: bool
+    error: str | None = Field(None, max_length=10000)

@@ -137,15 +137,24 @@ def posix_parent(path: str) -> str:
     return head or "/"
 
 
-def tests_tar(tests_dir: Path) -> bytes:
-    """A tar of ``tests_dir`` as ``tests/...`` (root-owned), to extract at ``/``."""
+def tests_tar(tests_dir: Path | None, extra_files: Iterable[Path] = ()) -> bytes:
+    """A tar to extract at ``/``: ``tests/`` (the task's tests plus ``extra_files``) and an
+    empty ``logs/verifier/``, all root-owned. Extracting it is the whole test set-up."""
     buf = io.BytesIO()
+
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
     with tarfile.open(fileobj=buf, mode="w") as t:
-
-        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            return info
-
-        t.add(str(tests_dir), arcname="tests", filter=owned)
+        for name in ("tests", "logs", "logs/verifier"):
+            d = tarfile.TarInfo(name)
+            d.type, d.mode = tarfile.DIRTYPE, 0o755
+            t.addfile(d)
+        if tests_dir is not None:
+            for child in sorted(tests_dir.iterdir()):
+                t.add(str(child), arcname=f"tests/{child.name}", filter=owned)
+        for f in extra_files:
+            t.add(str(f), arcname=f"tests/{f.name}", filter=owned)
     return buf.getvalue()

@@ -20,6 +20,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from service.errors import CrucibleError, NotFound
@@ -51,13 +52,14 @@ class TerminalCheck:
     """What one task asks of the verifier."""
 
     test_command: str
-    tests_dir: Any  # pathlib.Path
+    tests_dir: Path | None
     workdir: str
     timeout_s: float
     expected_tests: int | None = None
     pass_threshold: float = 1.0
     reward_source: str = "file"  # "file" (Harbor) | "exit_code" (Terminal-Bench 1)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra_files: tuple[Path, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def parse_junit(xml_bytes: bytes) -> TestCounts:
@@ -111,17 +113,23 @@ def parse_reward(
     return value, comps, None
 
 
-def _read(runtime: SandboxRuntime, container_id: str, path: str) -> bytes | None:
+REPORT_FILES = ("reward.txt", "reward.json", "crucible-junit.xml", "junit.xml")
+
+
+def _read_logs(runtime: SandboxRuntime, container_id: str) -> dict[str, bytes | None]:
+    """The report files of ``/logs/verifier``, in one engine-side archive read."""
+    out: dict[str, bytes | None] = dict.fromkeys(REPORT_FILES)
     try:
-        data = b"".join(runtime.get_archive(container_id, path))
+        data = b"".join(runtime.get_archive(container_id, "/logs/verifier"))
     except NotFound:
-        return None
+        return out
     with tarfile.open(fileobj=io.BytesIO(data)) as t:
-        member = t.next()
-        if member is None or not member.isfile() or member.size > MAX_REPORT_BYTES:
-            return None
-        f = t.extractfile(member)
-        return f.read() if f else None
+        for member in t:
+            name = member.name.split("/", 1)[-1]
+            if name in out and member.isfile() and member.size <= MAX_REPORT_BYTES:
+                f = t.extractfile(member)
+                out[name] = f.read() if f else None
+    return out
 
 
 def score(
@@ -224,21 +232,9 @@ def verify(
                 into=vcid,
                 created=created,
             )
-        prep = runtime.exec(
-            vcid,
-            ExecRequest(
-                cmd=[
-                    "/bin/sh",
-                    "-c",
-                    "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier",
-                ],
-                timeout_s=30,
-                user="0",
-            ),
-        )
-        if prep.exit_code != 0:
-            raise CrucibleError(f"preparing the verifier sandbox failed: {prep.stderr[-500:]!r}")
-        runtime.put_archive(vcid, "/", tests_tar(check.tests_dir))
+        # /tests and /logs are protected: untouched by the agent here, so extracting fresh
+        # tests and an empty /logs/verifier is the whole set-up (no exec needed).
+        runtime.put_archive(vcid, "/", tests_tar(check.tests_dir, check.extra_files))
         res = runtime.exec(
             vcid,
             ExecRequest(
@@ -247,7 +243,7 @@ def verify(
                 timeout_s=check.timeout_s,
                 user="0",
                 max_output_bytes=32 << 10,
-                env={k: v.encode() for k, v in VERIFIER_ENV.items()},
+                env={k: v.encode() for k, v in {**check.env, **VERIFIER_ENV}.items()},
             ),
         )
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
@@ -264,10 +260,7 @@ def verify(
                     "tampered": list(plan.tampered),
                 },
             )
-        files = {
-            name: _read(runtime, vcid, f"/logs/verifier/{name}")
-            for name in ("reward.txt", "reward.json", "crucible-junit.xml", "junit.xml")
-        }
+        files = _read_logs(runtime, vcid)
         result = score(
             check,
             exit_code=res.exit_code,

@@ -1,0 +1,124 @@
+"""Routes for reward records: list, export (JSONL, Parquet), anomalies."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from service import anomaly, rewards
+from service.api.deps import Ctx, CurrentPrincipal
+
+router = APIRouter(prefix="/v1", tags=["rewards"])
+
+
+class RewardPage(BaseModel):
+    """A page of records; pass ``next_after`` as ``after`` for the next one."""
+
+    records: list[rewards.RewardRecord]
+    next_after: str | None
+
+
+class AnomalyList(BaseModel):
+    """Pass-rate anomalies per task and domain (``flagged``: verifier possibly gamed)."""
+
+    anomalies: list[anomaly.Anomaly]
+
+
+@router.get("/rewards", response_model=RewardPage)
+def list_rewards(
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    job_id: str | None = None,
+    suite: str | None = None,
+    domain: str | None = None,
+    task_id: str | None = None,
+    status: Literal["ok", "error", "timeout"] | None = None,
+    since: datetime | None = None,
+    after: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+) -> RewardPage:
+    """The caller's reward records, oldest first."""
+    page = rewards.query(
+        ctx.db,
+        tenant_id=principal.tenant_id,
+        job_id=job_id,
+        suite=suite,
+        domain=domain,
+        task_id=task_id,
+        status=status,
+        since=since,
+        limit=limit,
+        after=after,
+    )
+    return RewardPage(records=page, next_after=page[-1].record_id if len(page) == limit else None)
+
+
+@router.get("/rewards/export")
+def export(
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    format: Literal["jsonl", "parquet"] = "jsonl",
+    normalize: Literal["none", "grpo", "mean", "domain_z"] = "none",
+    job_id: str | None = None,
+    suite: str | None = None,
+    domain: str | None = None,
+    task_id: str | None = None,
+) -> StreamingResponse:
+    """Every matching record as JSONL or Parquet, optionally with an ``advantage`` column."""
+    records = rewards.StoredRecords(
+        ctx.db,
+        tenant_id=principal.tenant_id,
+        job_id=job_id,
+        suite=suite,
+        domain=domain,
+        task_id=task_id,
+    )
+    if format == "jsonl":
+        buf = io.StringIO()
+        rewards.export_jsonl(records, buf, normalize=normalize)
+        data = buf.getvalue().encode()
+        return StreamingResponse(
+            iter([data]),
+            media_type="application/x-ndjson",
+            headers={"Content-Disposition": "attachment; filename=rewards.jsonl"},
+        )
+    spool = tempfile.SpooledTemporaryFile(max_size=32 << 20)  # noqa: SIM115 - closed by _chunks
+    rewards.export_parquet(records, spool, normalize=normalize)
+    spool.seek(0)
+
+    def _chunks() -> Iterator[bytes]:
+        with spool:
+            while chunk := spool.read(1 << 16):
+                yield chunk
+
+    return StreamingResponse(
+        _chunks(),
+        media_type="application/vnd.apache.parquet",
+        headers={"Content-Disposition": "attachment; filename=rewards.parquet"},
+    )
+
+
+@router.get("/anomalies", response_model=AnomalyList)
+def anomalies(
+    ctx: Ctx,
+    principal: CurrentPrincipal,
+    window: int = Query(50, ge=5, le=10000),
+    min_history: int = Query(100, ge=5),
+) -> AnomalyList:
+    """Per-task and per-domain pass-rate jumps against history (admins see every tenant)."""
+    found = anomaly.compute_anomalies(
+        ctx.db,
+        tenant_id=None if principal.is_admin else principal.tenant_id,
+        window=window,
+        min_history=min_history,
+    )
+    if principal.is_admin:
+        anomaly.update_gauge(found)
+    return AnomalyList(anomalies=found)

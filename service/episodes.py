@@ -1,0 +1,345 @@
+"""Episodes: lease + task set-up, and verification into a reward record.
+
+An episode group of ``group_size`` n > 1 starts from one prepared sandbox: it is snapshotted
+and forked n times, so every member of a GRPO group starts from the identical state; the
+prepared sandbox is then released. Verification snapshots the episode's end state and hands
+it to the task's verifier (``service.verifiers``), which runs isolated from the agent; the
+result becomes a reward record (``service.rewards``) stored once per episode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import update
+
+from service import audit, rewards, sandboxes
+from service.context import ServiceContext
+from service.db.models import Episode, Sandbox, utcnow
+from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
+from service.ids import new_id
+from service.tasks.models import Task
+from service.tenants import Principal
+from service.verifiers import terminal
+from service.verifiers.base import VerifierResult
+
+
+@dataclass(frozen=True)
+class StartedEpisode:
+    """An episode as its worker needs it: where to act and what to do."""
+
+    episode: Episode
+    task: Task
+
+
+def resolve_task(ctx: ServiceContext, task_id: str, suite: str | None) -> Task:
+    """The task, or ``NotFound`` naming ``task_id``."""
+    try:
+        return ctx.tasks.get(task_id, suite)
+    except NotFound as e:
+        raise NotFound(e.detail, field="task_id") from None
+
+
+def ensure_template(ctx: ServiceContext, task: Task) -> str:
+    """Build the task's image (once) and register its template; return the template name."""
+    base = f"{ctx.settings.image_prefix}/terminal:latest"
+    image = ctx.tasks.ensure_image(task, base_image=base)
+    template = ctx.tasks.template_for(task, image)
+    ctx.templates.register(template)
+    return template.name
+
+
+def start(
+    ctx: ServiceContext,
+    principal: Principal,
+    *,
+    task_id: str,
+    suite: str | None,
+    group_size: int,
+    ttl_s: int | None,
+    job_id: str | None = None,
+    work_item_id: str | None = None,
+    group_id: str | None = None,
+) -> list[StartedEpisode]:
+    """Start ``group_size`` episodes of one task from an identical state.
+
+    Raises:
+        NotFound: unknown task. QuotaExceeded: the group does not fit the quota.
+        SandboxError: sandboxes could not be started (nothing is left leased).
+    """
+    if group_size > ctx.settings.max_fork_n:
+        raise InvalidRequest(
+            f"group_size {group_size} exceeds {ctx.settings.max_fork_n}", field="group_size"
+        )
+    task = resolve_task(ctx, task_id, suite)
+    t0 = time.perf_counter()
+    template = ensure_template(ctx, task)
+    ttl = ttl_s or int(task.agent_timeout_s + task.verifier_timeout_s + 300)
+    meta = {"task_id": task.id, "suite": task.suite, "job_id": job_id}
+    first = sandboxes.lease(ctx, principal, template=template, ttl_s=ttl, metadata=meta)
+    prepared_snapshot = None
+    if group_size == 1:
+        members = [first]
+    else:
+        try:
+            snap = sandboxes.snapshot(ctx, principal, first.id)
+            prepared_snapshot = snap.id
+            members = sandboxes.fork(
+                ctx, principal, snap.id, n=group_size, ttl_s=ttl, metadata=meta
+            )
+        finally:
+            sandboxes.release(ctx, principal, first.id)
+            if prepared_snapshot is not None:
+                sandboxes.delete_snapshot(ctx, principal, prepared_snapshot)
+    lease_ms = (time.perf_counter() - t0) * 1e3
+    digest = ctx.runtime.image_digest(members[0].image)
+    group = group_id or new_id("grp")
+    out = []
+    with ctx.db.session() as s:
+        for i, sb in enumerate(members):
+            ep = Episode(
+                id=new_id("ep"),
+                tenant_id=principal.tenant_id,
+                job_id=job_id,
+                work_item_id=work_item_id,
+                group_id=group,
+                sample_idx=i,
+                task_id=task.id,
+                task_version=task.version,
+                suite=task.suite,
+                domain=task.domain,
+                template=template,
+                image_digest=digest,
+                sandbox_id=sb.id,
+                snapshot_id=prepared_snapshot,
+                state="running",
+                timing={"lease_ms": round(lease_ms, 3)},
+            )
+            s.add(ep)
+            audit.record(
+                s,
+                "episode.start",
+                tenant_id=principal.tenant_id,
+                key_id=principal.key_id,
+                sandbox_id=sb.id,
+                details={
+                    "episode_id": ep.id,
+                    "task": task.key,
+                    "group_id": group,
+                    "sample_idx": i,
+                    "task_version": task.version,
+                },
+            )
+            out.append(StartedEpisode(ep, task))
+    return out
+
+
+def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:
+    """The tenant's episode (``NotFound`` otherwise)."""
+    with ctx.db.read() as s:
+        ep = s.get(Episode, episode_id)
+    if ep is None or (ep.tenant_id != principal.tenant_id and not principal.is_admin):
+        raise NotFound(f"no episode {episode_id!r}", field="episode_id")
+    return ep
+
+
+def _check_for(task: Task) -> terminal.TerminalCheck:
+    if task.tests_dir is None or task.test_command is None:
+        raise InvalidRequest(f"task {task.key} has no tests to verify with", field="task_id")
+    return terminal.TerminalCheck(
+        test_command=task.test_command,
+        tests_dir=task.tests_dir,
+        extra_files=(task.test_script,) if task.test_script else (),
+        workdir=task.environment.workdir,
+        timeout_s=task.verifier_timeout_s,
+        expected_tests=task.expected_tests,
+        pass_threshold=task.pass_threshold,
+        reward_source="exit_code" if task.reward_source == "exit_code" else "file",
+        env=dict(task.test_env),
+    )
+
+
+def run_verifier(
+    ctx: ServiceContext, principal: Principal, ep: Episode, task: Task, sandbox: Sandbox
+) -> tuple[VerifierResult, str | None]:
+    """Snapshot the end state and verify it; returns the result and the snapshot id."""
+    try:
+        snap = sandboxes.snapshot(ctx, principal, sandbox.id)
+    except CrucibleError as e:
+        return VerifierResult(
+            name=task.verifier,
+            version="",
+            status="error",
+            reward=None,
+            details={"reason": f"snapshot of the end state failed: {e.detail}"},
+        ), None
+    if task.verifier != "terminal":
+        raise InvalidRequest(f"verifier {task.verifier!r} is not available", field="task_id")
+    result = terminal.verify(
+        ctx.runtime,
+        _check_for(task),
+        episode_container_id=sandbox.container_id,
+        snapshot_image=snap.image,
+        pristine_image=sandbox.image,
+        template=ctx.templates.get(ep.template),
+        deployment=ctx.settings.deployment,
+        dispose=ctx.pools.destroy_container_async,
+    )
+    return result, snap.id
+
+
+def verify(
+    ctx: ServiceContext, principal: Principal, episode_id: str, *, trajectory: dict[str, Any]
+) -> rewards.RewardRecord:
+    """Verify an episode into its reward record (stored once; a repeat returns the same).
+
+    ``trajectory`` carries what the worker knows: ``policy``, ``stop_reason``, ``turns``,
+    token ids, ``loss_mask``, ``rollout_logprobs`` and ``timing`` (queue, policy, env ms).
+    The episode's sandbox is released afterwards.
+
+    Raises:
+        NotFound: unknown episode. Conflict: the episode is being verified by another call.
+        InvalidRequest: the trajectory does not make a valid record (names the field).
+    """
+    ep = get(ctx, principal, episode_id)
+    if ep.state in ("verified", "error"):
+        with ctx.db.read() as s:
+            row = rewards._by_episode(s, episode_id)
+        if row is not None:
+            return rewards.to_record(row)
+    with ctx.db.session() as s:
+        got = s.execute(
+            update(Episode)
+            .where(Episode.id == episode_id, Episode.state == "running")
+            .values(state="verifying")
+            .execution_options(synchronize_session=False)
+        ).rowcount
+    if not got:
+        raise Conflict(f"episode {episode_id} is {ep.state}, not running")
+    task = resolve_task(ctx, ep.task_id, ep.suite)
+    t0 = time.perf_counter()
+    snapshot_id = None
+    try:
+        sandbox = sandboxes.get_live(ctx, principal, ep.sandbox_id)
+        result, snapshot_id = run_verifier(ctx, principal, ep, task, sandbox)
+    except (Conflict, NotFound) as e:
+        result = VerifierResult(
+            name=task.verifier,
+            version="",
+            status="error",
+            reward=None,
+            details={"reason": f"the episode's sandbox is gone: {e.detail}"},
+        )
+    verify_ms = (time.perf_counter() - t0) * 1e3
+    try:
+        record = build_record(
+            ep, result, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id
+        )
+    except InvalidRequest:
+        with ctx.db.session() as s:
+            s.execute(
+                update(Episode)
+                .where(Episode.id == episode_id)
+                .values(state="running")
+                .execution_options(synchronize_session=False)
+            )
+        raise
+    with ctx.db.session() as s:
+        row = rewards.store(s, record, tenant_id=principal.tenant_id)
+        s.execute(
+            update(Episode)
+            .where(Episode.id == episode_id)
+            .values(
+                state="verified" if result.status == "ok" else "error",
+                snapshot_id=snapshot_id,
+                ended_at=utcnow(),
+                timing={**ep.timing, "verify_ms": round(verify_ms, 3)},
+            )
+            .execution_options(synchronize_session=False)
+        )
+        audit.record(
+            s,
+            "episode.verify",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=ep.sandbox_id,
+            details={
+                "episode_id": episode_id,
+                "status": result.status,
+                "reward": result.reward,
+                "record_id": row.record_id,
+                "tampered": result.details.get("tampered", []),
+            },
+        )
+    _finish(ctx, principal, ep, snapshot_id)
+    return rewards.to_record(row)
+
+
+def _finish(
+    ctx: ServiceContext, principal: Principal, ep: Episode, snapshot_id: str | None
+) -> None:
+    with contextlib.suppress(Conflict, NotFound):  # already gone (expired, or released)
+        sandboxes.release(ctx, principal, ep.sandbox_id)
+    if snapshot_id and not ctx.settings.keep_episode_snapshots:
+        sandboxes.delete_snapshot(ctx, principal, snapshot_id)
+
+
+def build_record(
+    ep: Episode,
+    result: VerifierResult,
+    *,
+    trajectory: dict[str, Any],
+    verify_ms: float,
+    snapshot_id: str | None,
+) -> rewards.RewardRecord:
+    """Assemble the reward record (``InvalidRequest`` naming the field when it is invalid)."""
+    from pydantic import ValidationError
+
+    timing = {
+        "queue_ms": 0.0,
+        "policy_ms": 0.0,
+        "env_ms": 0.0,
+        **trajectory.get("timing", {}),
+        "lease_ms": ep.timing.get("lease_ms", 0.0),
+        "verify_ms": round(verify_ms, 3),
+    }
+    ok = result.status == "ok"
+    try:
+        return rewards.RewardRecord(
+            job_id=ep.job_id,
+            episode_id=ep.id,
+            group_id=ep.group_id,
+            sample_idx=ep.sample_idx,
+            task_id=ep.task_id,
+            task_version=ep.task_version,
+            suite=ep.suite,
+            domain=ep.domain,
+            template=ep.template,
+            image_digest=ep.image_digest,
+            policy=trajectory.get("policy") or {"name": "unknown", "version": ""},
+            reward=result.reward if ok else None,
+            reward_components=result.components,
+            verifier={
+                "name": result.name,
+                "version": result.version,
+                "status": result.status,
+                "details": result.details,
+            },
+            stop_reason=trajectory.get("stop_reason", "complete"),
+            exclude_from_loss=(not ok) or bool(trajectory.get("exclude_from_loss", False)),
+            turns=trajectory.get("turns", []),
+            prompt_ids=trajectory.get("prompt_ids", []),
+            response_ids=trajectory.get("response_ids", []),
+            loss_mask=trajectory.get("loss_mask", []),
+            rollout_logprobs=trajectory.get("rollout_logprobs", []),
+            timing=timing,
+            sandbox_id=ep.sandbox_id,
+            snapshot_id=snapshot_id,
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "trajectory"
+        raise InvalidRequest(f"trajectory: {field}: {first['msg']}", field=field) from e
