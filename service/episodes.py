@@ -23,8 +23,9 @@ from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.tasks.models import Task
 from service.tenants import Principal
-from service.verifiers import terminal
+from service.verifiers import registry as verifier_registry
 from service.verifiers.base import VerifierResult
+from service.verifiers.registry import EndState
 
 
 @dataclass(frozen=True)
@@ -83,19 +84,21 @@ def start(
     prepared_snapshot = None
     if group_size == 1:
         members = [first]
+        digest = ctx.runtime.image_digest(first.image)
     else:
         try:
             snap = sandboxes.snapshot(ctx, principal, first.id)
             prepared_snapshot = snap.id
+            digest = ctx.runtime.image_digest(snap.image)  # before the tag goes away
             members = sandboxes.fork(
                 ctx, principal, snap.id, n=group_size, ttl_s=ttl, metadata=meta
             )
         finally:
             sandboxes.release(ctx, principal, first.id)
             if prepared_snapshot is not None:
+                # Forks keep the image (untagged) alive; the episode rows keep its id.
                 sandboxes.delete_snapshot(ctx, principal, prepared_snapshot)
     lease_ms = (time.perf_counter() - t0) * 1e3
-    digest = ctx.runtime.image_digest(members[0].image)
     group = group_id or new_id("grp")
     out = []
     with ctx.db.session() as s:
@@ -146,26 +149,11 @@ def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:
     return ep
 
 
-def _check_for(task: Task) -> terminal.TerminalCheck:
-    if task.tests_dir is None or task.test_command is None:
-        raise InvalidRequest(f"task {task.key} has no tests to verify with", field="task_id")
-    return terminal.TerminalCheck(
-        test_command=task.test_command,
-        tests_dir=task.tests_dir,
-        extra_files=(task.test_script,) if task.test_script else (),
-        workdir=task.environment.workdir,
-        timeout_s=task.verifier_timeout_s,
-        expected_tests=task.expected_tests,
-        pass_threshold=task.pass_threshold,
-        reward_source="exit_code" if task.reward_source == "exit_code" else "file",
-        env=dict(task.test_env),
-    )
-
-
 def run_verifier(
     ctx: ServiceContext, principal: Principal, ep: Episode, task: Task, sandbox: Sandbox
 ) -> tuple[VerifierResult, str | None]:
     """Snapshot the end state and verify it; returns the result and the snapshot id."""
+    verifier = verifier_registry.get(task.verifier)
     try:
         snap = sandboxes.snapshot(ctx, principal, sandbox.id)
     except CrucibleError as e:
@@ -176,18 +164,16 @@ def run_verifier(
             reward=None,
             details={"reason": f"snapshot of the end state failed: {e.detail}"},
         ), None
-    if task.verifier != "terminal":
-        raise InvalidRequest(f"verifier {task.verifier!r} is not available", field="task_id")
-    result = terminal.verify(
-        ctx.runtime,
-        _check_for(task),
+    end = EndState(
+        runtime=ctx.runtime,
         episode_container_id=sandbox.container_id,
         snapshot_image=snap.image,
-        pristine_image=sandbox.image,
+        pristine_image=ep.image_digest,  # the image id survives the prepared snapshot's untag
         template=ctx.templates.get(ep.template),
         deployment=ctx.settings.deployment,
         dispose=ctx.pools.destroy_container_async,
     )
+    result = verifier(task, end)
     return result, snap.id
 
 

@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.errors import CrucibleError, NotFound
+from service.errors import CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.pool import spec_for
 from service.runtime.base import ExecRequest, SandboxRuntime
+from service.tasks.models import Task
 from service.templates import Template
 from service.verifiers.base import VerifierResult
 from service.verifiers.isolation import VERIFIER_ENV, plan_changes, posix_parent, tests_tar
+from service.verifiers.registry import EndState, register
 
 NAME = "terminal"
 VERSION = "1"
@@ -312,3 +314,37 @@ def _carry_over(
         runtime.exec(
             into, ExecRequest(cmd=["rm", "-rf", "--", *plan.delete], timeout_s=60, user="0")
         )
+
+
+def check_for(task: Task) -> TerminalCheck:
+    """What the terminal verifier must run for ``task``."""
+    if task.test_command is None or (task.tests_dir is None and task.test_script is None):
+        raise InvalidRequest(f"task {task.key} has no tests to verify with", field="task_id")
+    return TerminalCheck(
+        test_command=task.test_command,
+        tests_dir=task.tests_dir,
+        extra_files=(task.test_script,) if task.test_script else (),
+        workdir=task.environment.workdir,
+        timeout_s=task.verifier_timeout_s,
+        expected_tests=task.expected_tests,
+        pass_threshold=task.pass_threshold,
+        reward_source="exit_code" if task.reward_source == "exit_code" else "file",
+        env=dict(task.test_env),
+    )
+
+
+def verify_episode(task: Task, end: EndState) -> VerifierResult:
+    """Registry entry: verify ``task``'s end state with its tests."""
+    return verify(
+        end.runtime,
+        check_for(task),
+        episode_container_id=end.episode_container_id,
+        snapshot_image=end.snapshot_image,
+        pristine_image=end.pristine_image,
+        template=end.template,
+        deployment=end.deployment,
+        dispose=end.dispose,
+    )
+
+
+register(NAME, verify_episode)

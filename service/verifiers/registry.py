@@ -1,0 +1,68 @@
+"""Which verifier scores which task: ``task.verifier`` names an entry here.
+
+Every verifier has the same signature: ``(task, end: EndState) -> VerifierResult``. It
+must not raise for anything the agent did (that is a score) and reports its own
+infrastructure failures as ``status="error"`` (never reward 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.errors import InvalidRequest
+from service.runtime.base import SandboxRuntime
+from service.tasks.models import Task
+from service.templates import Template
+from service.verifiers.base import VerifierResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndState:
+    """An episode's end state as a verifier receives it.
+
+    ``snapshot_image`` is the committed end state; ``pristine_image`` the image the episode
+    started from (task image or prepared snapshot); ``episode_container_id`` may be diffed
+    and read engine-side but never executed in; ``dispose`` removes containers the verifier
+    created (in the background).
+    """
+
+    runtime: SandboxRuntime
+    episode_container_id: str
+    snapshot_image: str
+    pristine_image: str
+    template: Template
+    deployment: str
+    dispose: Callable[[str], object]
+
+
+Verifier = Callable[[Task, EndState], VerifierResult]
+_VERIFIERS: dict[str, Verifier] = {}
+
+
+def register(name: str, fn: Verifier) -> None:
+    """Make ``fn`` the verifier called ``name``."""
+    _VERIFIERS[name] = fn
+
+
+def get(name: str) -> Verifier:
+    """The verifier called ``name`` (``InvalidRequest`` when none is)."""
+    _load_builtin()
+    try:
+        return _VERIFIERS[name]
+    except KeyError:
+        raise InvalidRequest(
+            f"no verifier named {name!r}; known: {sorted(_VERIFIERS)}", field="verifier"
+        ) from None
+
+
+def _load_builtin() -> None:
+    # Imported lazily: each domain module registers itself on import.
+    import importlib
+
+    for module in ("terminal", "document", "cad"):
+        try:
+            importlib.import_module(f"service.verifiers.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"service.verifiers.{module}":
+                raise
