@@ -264,6 +264,13 @@ def test_local_resolve(supervisor: Path, tmp_path: Path) -> None:
     assert frames[0].kind == ord("X") and frames[0].payload.startswith(b"path\n")
 
 
+def test_local_resolve_missing_top_level_dir(supervisor: Path) -> None:
+    # Regression: a path whose first component is missing resolved to "/<last component>".
+    missing = "/crucible-no-such-dir-5f1c/sub/file"
+    frames, _ = run_local(supervisor, encode_resolve(missing))
+    assert frames[0].payload == missing.encode()
+
+
 def test_local_rejects_bad_records(supervisor: Path) -> None:
     proc = subprocess.run([str(supervisor), "--request", "!!!"], capture_output=True)
     frames = FrameDecoder().feed(proc.stdout)

@@ -814,6 +814,7 @@ static int resolve_missing(const char *path, char *out) {
         char *slash = strrchr(prefix, '/');
         if (!slash || slash == prefix) {
             strcpy(out, "/");
+            prefix[0] = 0; /* nothing below the root exists: append all of `path` */
             break;
         }
         *slash = 0;

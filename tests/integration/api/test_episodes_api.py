@@ -1,0 +1,184 @@
+"""Episodes end to end: a real task image, the oracle and a no-op, isolation against
+reward hacking, GRPO groups, verifier timeouts, reward export."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from service.tasks.loader import load_suite
+from tests.integration.api.conftest import Stack
+from tests.integration.api.test_sandboxes_api import assert_problem, run
+
+pytestmark = pytest.mark.docker
+
+TASKS = Path(__file__).resolve().parents[3] / "tasks" / "terminal"
+TASK = "word-frequency-top20"
+TRAJ = {"policy": {"name": "test", "version": "1"}}
+
+
+def start(stack: Stack, task: str = TASK, **body: Any) -> dict[str, Any]:
+    r = stack.alice.post("/v1/episodes", json={"task_id": task, "suite": "terminal", **body})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def run_oracle(stack: Stack, ep: dict[str, Any], task: str = TASK) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(str(TASKS / task / "solution"), arcname=".")
+    r = stack.alice.put(
+        f"/v1/sandboxes/{ep['sandbox_id']}/files",
+        params={"path": "/solution"},
+        content=buf.getvalue(),
+        headers={"content-type": "application/x-tar"},
+    )
+    assert r.status_code == 200, r.text
+    out = run(stack.alice, ep["sandbox_id"], "bash /solution/solve.sh", cwd=ep["workdir"])
+    assert out["exit_code"] == 0, (out["stdout"], out["stderr"])
+
+
+def verify(stack: Stack, ep: dict[str, Any], **traj: Any) -> dict[str, Any]:
+    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json={**TRAJ, **traj})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_tasks_are_listed_without_tests_or_solutions(stack: Stack) -> None:
+    body = stack.alice.get("/v1/tasks", params={"suite": "terminal"}).json()
+    assert len(body["tasks"]) >= 20 and body["errors"] == []
+    t = next(t for t in body["tasks"] if t["id"] == TASK)
+    assert t["workdir"] == "/app" and "solve" not in json.dumps(t).lower()
+
+
+def test_oracle_scores_one_and_noop_zero(stack: Stack) -> None:
+    ep = start(stack)["episodes"][0]
+    run_oracle(stack, ep)
+    rec = verify(stack, ep, turns=[{"action": "bash /solution/solve.sh", "exit_code": 0}])
+    assert (rec["reward"], rec["verifier"]["status"], rec["exclude_from_loss"]) == (
+        1.0,
+        "ok",
+        False,
+    )
+    assert rec["reward_components"]["tests_total"] == 5 and rec["task_id"] == TASK
+    assert rec["verifier"]["details"]["tampered"] == []
+    assert rec["timing"]["verify_ms"] > 0 and rec["timing"]["lease_ms"] > 0
+    # the agent's sandbox is released once verified; a repeat returns the same record
+    assert stack.alice.get(f"/v1/sandboxes/{ep['sandbox_id']}").json()["state"] == "released"
+    assert verify(stack, ep)["record_id"] == rec["record_id"]
+    noop = start(stack)["episodes"][0]
+    rec0 = verify(stack, noop, stop_reason="complete")
+    assert (rec0["reward"], rec0["verifier"]["status"]) == (0.0, "ok")
+
+
+HACKS = {
+    # a pytest shadow in the workdir (cwd is not on sys.path in the verifier)
+    "shadow": "mkdir -p /app/_pytest && printf 'import sys; sys.exit(0)\\n' > /app/pytest.py",
+    # a root conftest that turns every failure into a pass
+    "conftest": "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\n"
+    "def pytest_runtest_makereport(item, call):\\n    o = yield\\n    r = o.get_result()\\n"
+    '    r.outcome = "passed"\\n\' > /conftest.py',
+    # patch the toolchain: python3 now writes a pass and exits
+    "toolchain": "mv /usr/bin/python3 /usr/bin/python3.real && printf '#!/bin/sh\\n"
+    "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\\n' > /usr/bin/python3 "
+    "&& chmod +x /usr/bin/python3",
+    # pre-plant the reward and a forged report
+    "planted": "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt",
+    # a start-up file that a login shell would run
+    "profile": "echo 'echo 1 > /logs/verifier/reward.txt; exit 0' > /etc/profile.d/zz.sh",
+}
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_reward_hacks_score_zero(stack: Stack, hack: str) -> None:
+    ep = start(stack)["episodes"][0]
+    out = run(stack.alice, ep["sandbox_id"], HACKS[hack])
+    assert out["exit_code"] == 0, (out["stdout"], out["stderr"])
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+    if hack in ("conftest", "toolchain", "planted", "profile"):
+        assert rec["verifier"]["details"]["tampered"], rec["verifier"]["details"]
+
+
+def test_oracle_still_passes_after_a_harmless_toolchain_touch(stack: Stack) -> None:
+    ep = start(stack)["episodes"][0]
+    run_oracle(stack, ep)
+    run(stack.alice, ep["sandbox_id"], "touch /usr/bin/zz-agent-tool; rm -f /app/corpus/.keep")
+    rec = verify(stack, ep)
+    assert rec["verifier"]["details"]["tampered"] == ["/usr/bin/zz-agent-tool"]
+    assert rec["reward"] == 1.0  # the work outside the toolchain was carried over
+
+
+def test_group_forks_identical_start(stack: Stack) -> None:
+    group = start(stack, group_size=3)
+    eps = group["episodes"]
+    assert [e["sample_idx"] for e in eps] == [0, 1, 2]
+    assert len({e["sandbox_id"] for e in eps}) == 3 and {e["group_id"] for e in eps} == {
+        group["group_id"]
+    }
+    sums = [
+        run(stack.alice, e["sandbox_id"], "cat /app/corpus/*.txt | md5sum")["stdout"] for e in eps
+    ]
+    assert len(set(sums)) == 1
+    run_oracle(stack, eps[1])
+    recs = [verify(stack, e) for e in eps]
+    assert [r["reward"] for r in recs] == [0.0, 1.0, 0.0]
+    assert {r["group_id"] for r in recs} == {group["group_id"]}
+    assert len({r["image_digest"] for r in recs}) == 1
+    r = stack.alice.get("/v1/rewards/export", params={"format": "parquet", "normalize": "grpo"})
+    table = pq.read_table(io.BytesIO(r.content)).to_pylist()
+    adv = {
+        row["sample_idx"]: row["advantage"] for row in table if row["group_id"] == group["group_id"]
+    }
+    assert adv[1] > 0 > adv[0] and adv[0] == pytest.approx(adv[2])
+
+
+def test_invalid_trajectory_names_field_and_episode_stays_verifiable(stack: Stack) -> None:
+    ep = start(stack)["episodes"][0]
+    r = stack.alice.post(
+        f"/v1/episodes/{ep['id']}/verify",
+        json={**TRAJ, "response_ids": [1, 2, 3], "loss_mask": [1]},
+    )
+    assert_problem(r, 400, "loss_mask")
+    assert verify(stack, ep, response_ids=[1, 2], loss_mask=[1, 0])["reward"] == 0.0
+    assert_problem(stack.bob.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ), 404)
+
+
+def test_verifier_timeout_is_not_a_zero(stack: Stack, tmp_path: Path) -> None:
+    task = tmp_path / "slow" / "sleepy"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "environment" / "Dockerfile").write_text(
+        "ARG BASE_IMAGE=crucible/terminal:latest\nFROM ${BASE_IMAGE}\nWORKDIR /app\n"
+    )
+    (task / "instruction.md").write_text("Do nothing.\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 60\n")
+    (task / "task.toml").write_text(
+        textwrap.dedent("""\
+        version = "1.0"
+        [verifier]
+        timeout_sec = 1.5
+        [agent]
+        timeout_sec = 60.0
+        [environment]
+        allow_internet = false
+        workdir = "/app"
+        """)
+    )
+    stack.ctx.tasks.add_suite(load_suite(tmp_path / "slow"))
+    r = stack.alice.post("/v1/episodes", json={"task_id": "sleepy", "suite": "slow"})
+    assert r.status_code == 201, r.text
+    ep = r.json()["episodes"][0]
+    rec = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ).json()
+    assert (rec["reward"], rec["verifier"]["status"], rec["exclude_from_loss"]) == (
+        None,
+        "timeout",
+        True,
+    )
