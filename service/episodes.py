@@ -45,8 +45,9 @@ def resolve_task(ctx: ServiceContext, task_id: str, suite: str | None) -> Task:
 
 
 def ensure_template(ctx: ServiceContext, task: Task) -> str:
-    """Build the task's image (once) and register its template; return the template name."""
-    base = f"{ctx.settings.image_prefix}/terminal:latest"
+    """Build the task's image (once) on its domain's sandbox image (``crucible/<domain>``)
+    and register its template; return the template name."""
+    base = f"{ctx.settings.image_prefix}/{task.domain}:latest"
     image = ctx.tasks.ensure_image(task, base_image=base)
     template = ctx.tasks.template_for(task, image)
     ctx.templates.register(template)
