@@ -344,6 +344,7 @@ class WorkItemOut(_Model):
     attempts: int
     claim_expires_at: datetime | None
     last_error: str | None
+    created_at: datetime
     group_size: int
     suite: str
     policy: dict[str, Any]

@@ -48,6 +48,7 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
         attempts=item.attempts,
         claim_expires_at=item.claim_expires_at,
         last_error=item.last_error,
+        created_at=item.created_at,
         group_size=job.group_size,
         suite=job.suite,
         policy=job.policy,

@@ -11,14 +11,16 @@ toolchain the agent could not have modified.
    verifier container starts from the pristine image instead, and only the agent's
    changes outside protected paths are copied in (engine-side archives) or deleted.
 3. Tests are copied in only now, and run with ``bash --noprofile --norc`` and an
-   environment that disables user site-packages, the current directory on ``sys.path``
-   (``PYTHONSAFEPATH``), pytest's cache and conftest files above ``/tests``.
+   environment without user site-packages. Modules the agent put directly in the workdir
+   under a name the test runner imports (``pytest.py``, ``json.py``: ``python3 -m pytest``
+   puts the current directory first on ``sys.path``) are a hijack and score 0.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import sys
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -68,13 +70,28 @@ ENGINE_ENTRIES = frozenset(
     }
 )
 
+# Inherited by everything the test script starts (nested pytest runs of the agent's
+# project included), so only settings that cannot change a legitimate run belong here.
 VERIFIER_ENV = {
     "PYTHONNOUSERSITE": "1",
-    "PYTHONSAFEPATH": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTEST_ADDOPTS": "-p no:cacheprovider --confcutdir=/tests "
-    "--junitxml=/logs/verifier/crucible-junit.xml",
     "TEST_DIR": "/tests",
+}
+
+# Top-level module names that ``python3 -m pytest`` run in the workdir would import from
+# the workdir (``sys.path[0]`` is the current directory) instead of the toolchain.
+SHADOWABLE = frozenset(sys.stdlib_module_names) | {
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "iniconfig",
+    "packaging",
+    "py",
+    "tomli",
+    "exceptiongroup",
+    "sitecustomize",
+    "usercustomize",
+    "conftest",
 }
 
 
@@ -90,16 +107,42 @@ class ChangePlan:
     """What the agent changed, reduced to the entries to carry over.
 
     ``copy``: added or modified leaves (a directory added whole is one entry);
-    ``delete``: deleted paths; ``tampered``: protected paths the agent touched.
+    ``delete``: deleted paths; ``tampered``: protected paths the agent touched;
+    ``shadowing``: modules the agent put in the workdir under a name the test runner
+    itself imports (``pytest.py``, ``json.py``...), which would hijack it.
     """
 
     copy: tuple[str, ...]
     delete: tuple[str, ...]
     tampered: tuple[str, ...]
+    shadowing: tuple[str, ...] = ()
 
 
-def plan_changes(changes: Iterable[FsChange]) -> ChangePlan:
-    """Reduce an engine diff to leaves (directories whose children are listed are skipped)."""
+def shadowing_modules(paths: Iterable[str], workdir: str) -> tuple[str, ...]:
+    """Modules directly in ``workdir`` that would shadow one the test runner imports: a
+    ``name.py`` or a regular package ``name/__init__.py`` (a plain directory is at most a
+    namespace package, which never wins over a real module)."""
+    paths = set(paths)
+    root = workdir.rstrip("/")
+    out = []
+    for path in paths:
+        parent, _, name = path.rpartition("/")
+        if parent != root:
+            continue
+        if name.endswith(".py"):
+            stem = name[:-3]
+        elif f"{path}/__init__.py" in paths:
+            stem = name
+        else:
+            continue
+        if stem in SHADOWABLE:
+            out.append(path)
+    return tuple(sorted(out))
+
+
+def plan_changes(changes: Iterable[FsChange], workdir: str | None = None) -> ChangePlan:
+    """Reduce an engine diff to leaves (directories whose children are listed are skipped);
+    with ``workdir``, also name the modules that would shadow the test runner's."""
     changes = list(changes)
     # Parents are computed over every entry, engine-made ones included, so a directory
     # changed only by the engine (``/opt`` holding the ``/opt/crucible`` mount point) is
@@ -122,7 +165,9 @@ def plan_changes(changes: Iterable[FsChange]) -> ChangePlan:
             copy.append(c.path)
             if c.kind == "added":
                 added_roots.append(c.path)
-    return ChangePlan(tuple(copy), tuple(delete), tuple(tampered))
+    added = [c.path for c in rows if c.kind != "deleted"]
+    shadow = shadowing_modules(added, workdir) if workdir else ()
+    return ChangePlan(tuple(copy), tuple(delete), tuple(tampered), shadow)
 
 
 def _engine_made(path: str) -> bool:

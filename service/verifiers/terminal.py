@@ -115,7 +115,24 @@ def parse_reward(
     return value, comps, None
 
 
-REPORT_FILES = ("reward.txt", "reward.json", "crucible-junit.xml", "junit.xml")
+REPORT_FILES = ("reward.txt", "reward.json", "junit.xml")
+
+
+def _shadowed(paths: tuple[str, ...], t0: float) -> VerifierResult:
+    """The agent planted modules that would hijack the test runner: a score of 0."""
+    return VerifierResult(
+        name=NAME,
+        version=VERSION,
+        status="ok",
+        reward=0.0,
+        components={"reward_file": 0.0},
+        details={
+            "gate": "the workdir shadows modules the test runner imports: " + ", ".join(paths),
+            "passed": False,
+            "tampered": list(paths),
+        },
+        duration_ms=(time.perf_counter() - t0) * 1e3,
+    )
 
 
 def _read_logs(runtime: SandboxRuntime, container_id: str) -> dict[str, bytes | None]:
@@ -219,7 +236,9 @@ def verify(
     t0 = time.perf_counter()
     created: list[str] = []
     try:
-        plan = plan_changes(runtime.diff(episode_container_id))
+        plan = plan_changes(runtime.diff(episode_container_id), check.workdir)
+        if plan.shadowing:
+            return _shadowed(plan.shadowing, t0)
         base = pristine_image if plan.tampered else snapshot_image
         vid = new_id("vf")
         vcid = runtime.create(spec_for(template, vid, deployment, image=base))
@@ -268,7 +287,7 @@ def verify(
             exit_code=res.exit_code,
             reward_txt=files["reward.txt"],
             reward_json=files["reward.json"],
-            junit=files["crucible-junit.xml"] or files["junit.xml"],
+            junit=files["junit.xml"],
         )
         details = {**result.details, "tampered": list(plan.tampered), "log_tail": log_tail}
         return VerifierResult(

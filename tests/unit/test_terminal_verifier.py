@@ -146,3 +146,22 @@ def test_plan_reduces_diff_to_leaves_and_flags_tampering() -> None:
     assert plan.delete == ("/app/old.txt",)
     assert plan.tampered == ("/usr/bin/pytest",)
     assert plan_changes([FsChange("/usr/sbin/docker-init", "added")]).tampered == ()
+
+
+def test_shadowing_modules_in_the_workdir_are_named() -> None:
+    changes = [
+        FsChange("/app", "modified"),
+        FsChange("/app/pytest.py", "added"),
+        FsChange("/app/json.py", "added"),
+        FsChange("/app/_pytest", "added"),
+        FsChange("/app/_pytest/__init__.py", "added"),
+        FsChange("/app/site", "added"),
+        FsChange("/app/site/index.html", "added"),
+        FsChange("/app/solution.py", "added"),
+        FsChange("/app/sub", "added"),
+        FsChange("/app/sub/json.py", "added"),
+        FsChange("/app/notes.txt", "added"),
+    ]
+    plan = plan_changes(changes, "/app")
+    assert plan.shadowing == ("/app/_pytest", "/app/json.py", "/app/pytest.py")
+    assert plan_changes(changes).shadowing == ()

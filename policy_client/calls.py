@@ -1,0 +1,243 @@
+"""The API's calls as data: method, path, body, whether a retry is safe, and the schema of
+the answer. ``Client`` and ``AsyncClient`` execute the same calls, so they cannot drift."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+
+from service.rewards import RewardRecord
+from service.schemas import (
+    EpisodeGroupOut,
+    EpisodeOut,
+    ExecOut,
+    FileOut,
+    ForkOut,
+    JobOut,
+    SandboxOut,
+    SnapshotOut,
+    TaskList,
+    TemplateOut,
+    WorkItemOut,
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP call. ``idempotent`` calls are retried on transport errors and 502/503."""
+
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    content: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    idempotent: bool = False
+    model: Any = None  # a pydantic model / TypeAdapter target for the answer, or None (raw)
+    empty_ok: bool = False  # 204 means "nothing" (returns None)
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def lease(template: str, *, ttl_s: int | None = None, metadata: dict | None = None) -> Call:
+    return Call(
+        "POST",
+        "/v1/sandboxes",
+        json=_drop_none({"template": template, "ttl_s": ttl_s, "metadata": metadata or {}}),
+        model=SandboxOut,
+    )
+
+
+def get_sandbox(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{sandbox_id}", idempotent=True, model=SandboxOut)
+
+
+def release(sandbox_id: str) -> Call:
+    return Call("DELETE", f"/v1/sandboxes/{sandbox_id}", idempotent=True, model=SandboxOut)
+
+
+def heartbeat(sandbox_id: str, ttl_s: int | None = None) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/heartbeat",
+        json=_drop_none({"ttl_s": ttl_s}),
+        idempotent=True,
+        model=SandboxOut,
+    )
+
+
+def exec_(sandbox_id: str, cmd: str | list[str], **options: Any) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/exec",
+        json=_drop_none({"cmd": cmd, **options}),
+        model=ExecOut,
+    )
+
+
+def put_file(sandbox_id: str, path: str, data: bytes, *, tar: bool = False) -> Call:
+    headers = {"content-type": "application/x-tar" if tar else "application/octet-stream"}
+    return Call(
+        "PUT",
+        f"/v1/sandboxes/{sandbox_id}/files",
+        params={"path": path},
+        content=data,
+        headers=headers,
+        idempotent=True,
+        model=FileOut,
+    )
+
+
+def get_file(sandbox_id: str, path: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{sandbox_id}/files", params={"path": path}, idempotent=True)
+
+
+def snapshot(sandbox_id: str) -> Call:
+    return Call("POST", f"/v1/sandboxes/{sandbox_id}/snapshots", model=SnapshotOut)
+
+
+def fork(snapshot_id: str, n: int, *, ttl_s: int | None = None) -> Call:
+    return Call(
+        "POST",
+        f"/v1/snapshots/{snapshot_id}/fork",
+        json=_drop_none({"n": n, "ttl_s": ttl_s}),
+        model=ForkOut,
+    )
+
+
+def templates() -> Call:
+    return Call("GET", "/v1/templates", idempotent=True, model=TypeAdapter(list[TemplateOut]))
+
+
+def tasks(suite: str | None = None) -> Call:
+    return Call(
+        "GET", "/v1/tasks", params=_drop_none({"suite": suite}), idempotent=True, model=TaskList
+    )
+
+
+def start_episodes(
+    task_id: str,
+    *,
+    suite: str | None = None,
+    group_size: int = 1,
+    job_id: str | None = None,
+    work_item_id: str | None = None,
+    group_id: str | None = None,
+    ttl_s: int | None = None,
+) -> Call:
+    return Call(
+        "POST",
+        "/v1/episodes",
+        json=_drop_none(
+            {
+                "task_id": task_id,
+                "suite": suite,
+                "group_size": group_size,
+                "job_id": job_id,
+                "work_item_id": work_item_id,
+                "group_id": group_id,
+                "ttl_s": ttl_s,
+            }
+        ),
+        model=EpisodeGroupOut,
+    )
+
+
+def get_episode(episode_id: str) -> Call:
+    return Call("GET", f"/v1/episodes/{episode_id}", idempotent=True, model=EpisodeOut)
+
+
+def verify(episode_id: str, trajectory: dict[str, Any]) -> Call:
+    # Verification is idempotent server-side: a repeat returns the stored record.
+    return Call(
+        "POST",
+        f"/v1/episodes/{episode_id}/verify",
+        json=trajectory,
+        idempotent=True,
+        model=RewardRecord,
+    )
+
+
+def create_job(
+    *,
+    suite: str,
+    policy: dict[str, str],
+    task_ids: list[str] | None = None,
+    group_size: int = 1,
+    priority: int = 0,
+    max_attempts: int = 3,
+) -> Call:
+    return Call(
+        "POST",
+        "/v1/jobs",
+        json=_drop_none(
+            {
+                "suite": suite,
+                "policy": policy,
+                "task_ids": task_ids,
+                "group_size": group_size,
+                "priority": priority,
+                "max_attempts": max_attempts,
+            }
+        ),
+        model=JobOut,
+    )
+
+
+def get_job(job_id: str) -> Call:
+    return Call("GET", f"/v1/jobs/{job_id}", idempotent=True, model=JobOut)
+
+
+def claim(job_id: str, *, worker: str, lease_s: float = 600) -> Call:
+    return Call(
+        "POST",
+        f"/v1/jobs/{job_id}/claim",
+        json={"worker": worker, "lease_s": lease_s},
+        model=WorkItemOut,
+        empty_ok=True,
+    )
+
+
+def complete(item_id: str, *, worker: str, ok: bool, error: str | None = None) -> Call:
+    return Call(
+        "POST",
+        f"/v1/work-items/{item_id}/complete",
+        json=_drop_none({"worker": worker, "ok": ok, "error": error}),
+        model=WorkItemOut,
+    )
+
+
+def heartbeat_item(item_id: str, *, worker: str, lease_s: float = 600) -> Call:
+    return Call(
+        "POST",
+        f"/v1/work-items/{item_id}/heartbeat",
+        json={"worker": worker, "lease_s": lease_s},
+        idempotent=True,
+        model=WorkItemOut,
+    )
+
+
+def export_records(*, fmt: str = "jsonl", normalize: str = "none", **filters: Any) -> Call:
+    return Call(
+        "GET",
+        "/v1/rewards/export",
+        params=_drop_none({"format": fmt, "normalize": normalize, **filters}),
+        idempotent=True,
+    )
+
+
+def parse(call: Call, status: int, body: bytes) -> Any:
+    """Decode an answer per ``call.model`` (raw bytes when it has none)."""
+    if status == 204 and call.empty_ok:
+        return None
+    if call.model is None:
+        return body
+    if isinstance(call.model, TypeAdapter):
+        return call.model.validate_json(body)
+    if isinstance(call.model, type) and issubclass(call.model, BaseModel):
+        return call.model.model_validate_json(body)
+    raise TypeError(f"unsupported model {call.model!r}")

@@ -1,0 +1,302 @@
+"""``RolloutRunner``: claims a job's work items and runs their episodes concurrently.
+
+Per work item (one task x group size): start the group (the server forks n sandboxes from
+one prepared state), run every episode's turn loop, verify each into a reward record, and
+complete the item (a group with an infrastructure failure is completed as failed, so the
+server retries it a bounded number of times). Policy calls from all running episodes are
+gathered into batches (``batch_size`` requests, or whatever arrived within
+``batch_wait_s``) and run in a worker thread, so a GPU policy sees full batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from policy_client.client import AsyncClient, Client
+from policy_client.errors import ClientError, QuotaError
+from policy_client.policies.base import EpisodeContext, Policy, PolicyAction, PolicyRequest
+from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, parse_action
+from service.rewards import RewardRecord
+from service.schemas import EpisodeOut, WorkItemOut
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """Runner knobs. Times in seconds."""
+
+    concurrency: int = 4  # work items (groups) in flight
+    max_turns: int = 30
+    batch_size: int = 16
+    batch_wait_s: float = 0.02
+    exec_timeout_s: float = 180.0
+    claim_lease_s: float = 1800.0
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+
+
+class Batcher:
+    """Gathers ``PolicyRequest``s from concurrent episodes into ``policy.act`` batches."""
+
+    def __init__(self, policy: Policy, *, batch_size: int, wait_s: float) -> None:
+        self.policy, self.batch_size, self.wait_s = policy, batch_size, wait_s
+        self._queue: asyncio.Queue[tuple[PolicyRequest, asyncio.Future]] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self.batches: list[int] = []  # sizes, for reports
+
+    async def act(self, request: PolicyRequest) -> PolicyAction:
+        """Queue one request and wait for its action."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop())
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._queue.put((request, fut))
+        return await fut
+
+    async def _loop(self) -> None:
+        while True:
+            first = await self._queue.get()
+            items = [first]
+            deadline = asyncio.get_running_loop().time() + self.wait_s
+            while len(items) < self.batch_size:
+                timeout = deadline - asyncio.get_running_loop().time()
+                if timeout <= 0:
+                    break
+                try:
+                    items.append(await asyncio.wait_for(self._queue.get(), timeout))
+                except TimeoutError:
+                    break
+            self.batches.append(len(items))
+            try:
+                actions = await asyncio.to_thread(self.policy.act, [r for r, _ in items])
+                if len(actions) != len(items):
+                    raise RuntimeError(f"policy returned {len(actions)} actions for {len(items)}")
+                for (_, fut), action in zip(items, actions, strict=True):
+                    fut.set_result(action)
+            except Exception as e:  # noqa: BLE001 - handed to every waiting episode
+                for _, fut in items:
+                    if not fut.done():
+                        fut.set_exception(e)
+
+    async def close(self) -> None:
+        """Stop the batching loop."""
+        if self._task:
+            self._task.cancel()
+
+
+@dataclass
+class EpisodeOutcome:
+    """One finished episode: its record and where its time went."""
+
+    record: RewardRecord
+    task_id: str
+
+
+class RolloutRunner:
+    """Drives a rollout job against a Crucible server with one policy.
+
+    ``on_record`` is called with each ``RewardRecord`` as it is stored (progress bars).
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        policy: Policy,
+        *,
+        config: RolloutConfig | None = None,
+        sync_client: Client | None = None,
+        on_record: Callable[[RewardRecord], None] | None = None,
+    ) -> None:
+        self.client, self.policy = client, policy
+        self.config = config or RolloutConfig()
+        self.sync_client = sync_client or Client(client.base_url, client.api_key)
+        self.on_record = on_record
+        self.batcher = Batcher(
+            policy, batch_size=self.config.batch_size, wait_s=self.config.batch_wait_s
+        )
+        self.outcomes: list[EpisodeOutcome] = []
+
+    async def run_job(self, job_id: str) -> list[EpisodeOutcome]:
+        """Work on ``job_id`` until no item is queued or claimed; return the outcomes."""
+        try:
+            await asyncio.gather(*(self._worker(job_id) for _ in range(self.config.concurrency)))
+        finally:
+            await self.batcher.close()
+        return self.outcomes
+
+    async def _worker(self, job_id: str) -> None:
+        while True:
+            item = await self.client.claim(
+                job_id, worker=self.config.worker, lease_s=self.config.claim_lease_s
+            )
+            if item is None:
+                job = await self.client.get_job(job_id)
+                items = job.progress["items"]
+                if job.state in ("done", "cancelled") or items["queued"] + items["claimed"] == 0:
+                    return
+                await asyncio.sleep(1.0)  # others hold the rest; their claims may expire
+                continue
+            await self._run_item(item)
+
+    async def _run_item(self, item: WorkItemOut) -> None:
+        queue_ms = max(0.0, (datetime.now(UTC) - item.created_at).total_seconds() * 1e3)
+        try:
+            group = await self._start_group(item)
+            outcomes = await asyncio.gather(
+                *(self.run_episode(ep, queue_ms=queue_ms) for ep in group)
+            )
+        except ClientError as e:
+            await self.client.complete(
+                item.id, worker=self.config.worker, ok=False, error=f"{type(e).__name__}: {e}"
+            )
+            return
+        self.outcomes.extend(outcomes)
+        bad = [o for o in outcomes if o.record.verifier.status != "ok"]
+        error = None
+        if bad:
+            error = (
+                f"{len(bad)} of {len(outcomes)} episodes failed verification: "
+                + str(bad[0].record.verifier.details.get("reason", ""))[:500]
+            )
+        await self.client.complete(item.id, worker=self.config.worker, ok=not bad, error=error)
+
+    async def _start_group(self, item: WorkItemOut) -> list[EpisodeOut]:
+        for _ in range(60):
+            try:
+                started = await self.client.start_episodes(
+                    item.task_id,
+                    suite=item.suite,
+                    group_size=item.group_size,
+                    job_id=item.job_id,
+                    work_item_id=item.id,
+                    group_id=item.group_id,
+                )
+                return started.episodes
+            except QuotaError as e:
+                await asyncio.sleep(e.retry_after_s)
+        raise QuotaError(429, "Quota exceeded", "gave up waiting for quota")
+
+    async def run_episode(self, ep: EpisodeOut, *, queue_ms: float) -> EpisodeOutcome:
+        """Run one episode's turn loop, then verify it into a record."""
+        ctx = EpisodeContext(
+            episode_id=ep.id,
+            sandbox_id=ep.sandbox_id,
+            task_id=ep.task_id,
+            suite=ep.suite,
+            instruction=ep.instruction,
+            workdir=ep.workdir,
+        )
+        traj = _Trajectory()
+        stop = "max_turns"
+        deadline = time.monotonic() + ep.agent_timeout_s
+        messages = initial_messages(ep.instruction)
+        try:
+            await asyncio.to_thread(self.policy.prepare, ctx, self.sync_client)
+            for turn in range(self.config.max_turns):
+                t0 = time.perf_counter()
+                action = await self.batcher.act(
+                    PolicyRequest(episode=ctx, messages=list(messages), turn=turn)
+                )
+                traj.policy_ms += (time.perf_counter() - t0) * 1e3
+                traj.add_tokens(action)
+                if action.context_exhausted:
+                    stop = "context_length"
+                    break
+                parsed = parse_action(action.text)
+                messages.append({"role": "assistant", "content": action.text})
+                if parsed.done:
+                    stop = "complete"
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    stop = "agent_timeout"
+                    break
+                if parsed.command is None:
+                    traj.turns.append({"action": action.text[:2000], "exit_code": None})
+                    messages.append(
+                        {"role": "user", "content": observation(None, error=parsed.error)}
+                    )
+                    continue
+                t0 = time.perf_counter()
+                res = await self.client.exec(
+                    ep.sandbox_id,
+                    parsed.command,
+                    cwd=ep.workdir,
+                    timeout_s=min(self.config.exec_timeout_s, remaining),
+                )
+                traj.env_ms += (time.perf_counter() - t0) * 1e3
+                traj.turns.append(
+                    {
+                        "action": parsed.command[:4000],
+                        "exit_code": res.exit_code,
+                        "duration_ms": res.duration_ms,
+                        "truncated": res.stdout_truncated or res.stderr_truncated,
+                    }
+                )
+                messages.append({"role": "user", "content": observation(res)})
+                if res.timed_out and time.monotonic() >= deadline:
+                    stop = "agent_timeout"
+                    break
+        except ClientError as e:
+            stop = "error"
+            traj.error = f"{type(e).__name__}: {e}"
+        finally:
+            await asyncio.to_thread(self.policy.end_episode, ep.id)
+        record = await self.client.verify(ep.id, traj.payload(self.policy, stop, queue_ms))
+        if self.on_record:
+            self.on_record(record)
+        return EpisodeOutcome(record=record, task_id=ep.task_id)
+
+
+@dataclass
+class _Trajectory:
+    """What an episode accumulates for its record."""
+
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    has_logprobs: bool = True
+    policy_ms: float = 0.0
+    env_ms: float = 0.0
+    error: str | None = None
+
+    def add_tokens(self, a: PolicyAction) -> None:
+        """Append a turn's tokens: observation (mask 0, logprob 0.0), then sampled (mask 1)."""
+        if a.prompt_ids and not self.prompt_ids:
+            self.prompt_ids = list(a.prompt_ids)
+        self.response_ids += a.observation_ids
+        self.loss_mask += [0] * len(a.observation_ids)
+        self.logprobs += [0.0] * len(a.observation_ids)
+        self.response_ids += a.response_ids
+        self.loss_mask += [1] * len(a.response_ids)
+        if a.response_ids and len(a.logprobs) != len(a.response_ids):
+            self.has_logprobs = False
+        self.logprobs += (
+            list(a.logprobs)
+            if len(a.logprobs) == len(a.response_ids)
+            else [0.0] * len(a.response_ids)
+        )
+
+    def payload(self, policy: Policy, stop: str, queue_ms: float) -> dict[str, Any]:
+        """The verify request body."""
+        return {
+            "policy": {"name": policy.name, "version": f"{policy.version}+prompt{PROMPT_VERSION}"},
+            "stop_reason": stop,
+            "exclude_from_loss": stop == "error",
+            "turns": self.turns,
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "loss_mask": self.loss_mask,
+            "rollout_logprobs": self.logprobs if self.has_logprobs else [],
+            "timing": {
+                "queue_ms": round(queue_ms, 3),
+                "policy_ms": round(self.policy_ms, 3),
+                "env_ms": round(self.env_ms, 3),
+            },
+        }

@@ -1,0 +1,245 @@
+"""``crucible rollout`` (the main job) and ``crucible rewards export``.
+
+The rollout talks to a running control plane (``--url``, ``CRUCIBLE_URL``) with an API key
+(``--api-key``, ``CRUCIBLE_API_KEY``): it creates a job over a suite, runs it with a
+``RolloutRunner`` and the chosen policy, writes the job's records (JSONL and Parquet) and
+prints a summary per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from service.cli import _print_json, app, console, err_console
+
+rewards_app = typer.Typer(help="Reward records.", no_args_is_help=True)
+app.add_typer(rewards_app, name="rewards")
+
+
+def make_policy(name: str, *, suite_dir: Path, model: Path | None, **options: Any) -> Any:
+    """The policy called ``name`` (oracle, noop, torch, openai)."""
+    if name == "oracle":
+        from policy_client.policies.scripted import OraclePolicy
+
+        return OraclePolicy(suite_dir)
+    if name == "noop":
+        from policy_client.policies.scripted import NoopPolicy
+
+        return NoopPolicy()
+    if name == "torch":
+        if model is None:
+            raise typer.BadParameter("--policy torch needs --model PATH", param_hint="--model")
+        from policy_client.policies.torch_policy import TorchPolicy
+
+        return TorchPolicy.from_pretrained(model, **options)
+    raise typer.BadParameter(
+        f"unknown policy {name!r} (oracle, noop, torch)", param_hint="--policy"
+    )
+
+
+@app.command()
+def rollout(
+    suite: Annotated[
+        Path, typer.Option(help="Suite folder, e.g. tasks/terminal.", exists=True, file_okay=False)
+    ],
+    policy: Annotated[str, typer.Option(help="oracle | noop | torch")] = "oracle",
+    model: Annotated[Path | None, typer.Option(help="Model folder for --policy torch.")] = None,
+    tasks: Annotated[
+        str | None, typer.Option(help="Comma-separated task ids (default all).")
+    ] = None,
+    group_size: Annotated[int, typer.Option(min=1, help="Samples per task (GRPO group).")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Groups in flight.")] = 4,
+    max_turns: Annotated[int, typer.Option(min=1)] = 30,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="torch: tokens per turn.")] = 256,
+    url: Annotated[
+        str | None, typer.Option(envvar="CRUCIBLE_URL", help="Control plane URL.")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="CRUCIBLE_API_KEY")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for the records.")] = Path("records"),
+    expect_reward: Annotated[
+        float | None,
+        typer.Option(help="Exit 1 unless every record has this reward (task validation)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+) -> None:
+    """Run a suite through the service with a policy; write reward records; summarize."""
+    from policy_client import calls
+    from policy_client.client import AsyncClient, Client
+    from policy_client.errors import ClientError
+    from policy_client.rollout import RolloutConfig, RolloutRunner
+
+    suite_dir = suite.resolve()
+    options = {"max_new_tokens": max_new_tokens} if policy == "torch" else {}
+    pol = make_policy(policy, suite_dir=suite_dir, model=model, **options)
+    task_ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    try:
+        with Client(url, api_key) as client:
+            job = client.run(
+                calls.create_job(
+                    suite=suite_dir.name,
+                    task_ids=task_ids,
+                    group_size=group_size,
+                    policy={"name": pol.name, "version": pol.version},
+                )
+            )
+            total = len(job.task_ids) * group_size
+            err_console.print(
+                f"job {job.id}: {len(job.task_ids)} tasks x {group_size} "
+                f"of suite {suite_dir.name}, policy {pol.name}"
+            )
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[last]}"),
+                console=err_console,
+                disable=as_json,
+            ) as progress:
+                bar = progress.add_task("episodes", total=total, last="")
+
+                def on_record(rec: Any) -> None:
+                    shown = "error" if rec.reward is None else f"{rec.reward:g}"
+                    progress.update(bar, advance=1, last=f"{rec.task_id}: {shown}")
+
+                async def go() -> list[Any]:
+                    async with AsyncClient(url, api_key) as aclient:
+                        runner = RolloutRunner(
+                            aclient,
+                            pol,
+                            sync_client=client,
+                            on_record=on_record,
+                            config=RolloutConfig(concurrency=concurrency, max_turns=max_turns),
+                        )
+                        return await runner.run_job(job.id)
+
+                outcomes = asyncio.run(go())
+            final = client.run(calls.get_job(job.id))
+            paths = _write_records(client, job.id, out)
+    except ClientError as e:
+        err_console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from e
+    records = [o.record for o in outcomes]
+    summary = _summary(records, final, paths)
+    if as_json:
+        _print_json(summary)
+    else:
+        _print_table(records)
+        rs = [r.reward for r in records if r.reward is not None]
+        console.print(
+            f"{len(records)} episodes over {len(job.task_ids)} tasks; mean reward "
+            f"{statistics.fmean(rs) if rs else float('nan'):.3f}; "
+            f"{summary['errors']} verifier errors; job {final.state}"
+        )
+        console.print(f"records: {paths['jsonl']} and {paths['parquet']}")
+    if expect_reward is not None:
+        wrong = [r for r in records if r.reward != expect_reward]
+        missing = total - len(records)
+        if wrong or missing:
+            err_console.print(
+                f"[red]{len(wrong)} records without reward {expect_reward:g}, "
+                f"{missing} episodes missing[/]: " + ", ".join(sorted({r.task_id for r in wrong}))
+            )
+            raise typer.Exit(1)
+
+
+def _write_records(client: Any, job_id: str, out: Path) -> dict[str, str]:
+    from policy_client import calls
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for fmt in ("jsonl", "parquet"):
+        path = out / f"{job_id}.{fmt}"
+        path.write_bytes(client.run(calls.export_records(fmt=fmt, job_id=job_id)))
+        paths[fmt] = str(path)
+    return paths
+
+
+def _summary(records: list[Any], job: Any, paths: dict[str, str]) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "state": job.state,
+        "episodes": len(records),
+        "errors": sum(1 for r in records if r.verifier.status != "ok"),
+        "mean_reward": statistics.fmean([r.reward for r in records if r.reward is not None])
+        if any(r.reward is not None for r in records)
+        else None,
+        "records": paths,
+        "tasks": [
+            {
+                "task_id": r.task_id,
+                "sample_idx": r.sample_idx,
+                "reward": r.reward,
+                "status": r.verifier.status,
+                "stop_reason": r.stop_reason,
+                "timing": r.timing.model_dump(),
+            }
+            for r in records
+        ],
+    }
+
+
+def _print_table(records: list[Any]) -> None:
+    table = Table(title="rollout")
+    for col in (
+        "task",
+        "#",
+        "reward",
+        "status",
+        "stop",
+        "turns",
+        "lease ms",
+        "policy ms",
+        "env ms",
+        "verify ms",
+    ):
+        table.add_column(col, justify="left" if col in ("task", "status", "stop") else "right")
+    for r in sorted(records, key=lambda r: (r.task_id, r.sample_idx)):
+        reward = "-" if r.reward is None else f"{r.reward:g}"
+        colour = "green" if r.reward == 1 else "red" if r.verifier.status != "ok" else "yellow"
+        t = r.timing
+        table.add_row(
+            r.task_id,
+            str(r.sample_idx),
+            f"[{colour}]{reward}[/]",
+            r.verifier.status,
+            r.stop_reason,
+            str(len(r.turns)),
+            f"{t.lease_ms:.0f}",
+            f"{t.policy_ms:.0f}",
+            f"{t.env_ms:.0f}",
+            f"{t.verify_ms:.0f}",
+        )
+    console.print(table)
+
+
+@rewards_app.command("export")
+def rewards_export(
+    out: Annotated[Path, typer.Argument(help="Output file (.jsonl or .parquet).")],
+    job_id: Annotated[str | None, typer.Option(help="Only this job's records.")] = None,
+    normalize: Annotated[str, typer.Option(help="none | grpo | mean | domain_z")] = "none",
+    url: Annotated[str | None, typer.Option(envvar="CRUCIBLE_URL")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="CRUCIBLE_API_KEY")] = None,
+) -> None:
+    """Export reward records (format from the file suffix) with optional advantages."""
+    from policy_client import calls
+    from policy_client.client import Client
+    from policy_client.errors import ClientError
+
+    fmt = "parquet" if out.suffix == ".parquet" else "jsonl"
+    try:
+        with Client(url, api_key) as client:
+            data = client.run(calls.export_records(fmt=fmt, normalize=normalize, job_id=job_id))
+    except ClientError as e:
+        err_console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from e
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    err_console.print(f"wrote {len(data)} bytes to {out}")

@@ -1,0 +1,254 @@
+"""Geometric measures of the CAD verifier: mesh loading, the "must build" gate, volume,
+bounding box, volumetric IoU, Chamfer distance, silhouette IoU, and the ramps that map a
+measure onto a score in [0, 1].
+
+Everything here is pure (no engine, no files): bytes or arrays in, numbers out. Lengths are
+in the mesh's own units (millimetres for the bundled tasks), volumes in cubic units.
+
+Definitions:
+
+* **volume**: the volume of the solid (``manifold3d``), after overlapping shells are merged
+  (see ``solid``). A solid whose triangles all face inwards is turned the right way out.
+* **bounding box**: axis-aligned ``[min, max]`` corners; ``bbox_deviation`` is the largest
+  absolute difference of the six bounds (placement counts).
+* **volumetric IoU**: ``vol(A ∩ B) / vol(A ∪ B)`` with exact mesh booleans (``manifold3d``),
+  in absolute coordinates (placement counts). Two unit cubes offset by half a side: 1/3.
+* **Chamfer distance**, as CAD-Recode computes it (Rukhovich et al. 2024,
+  arXiv:2412.14042; the evaluation of github.com/filaPro/cad-recode): each mesh is
+  normalized on its own to a unit bounding box (centred on its bounding-box centre, scaled
+  by ``1 / max(extent)``, moved to the cube ``[0, 1]``), ``n_points`` (8192) points are
+  sampled on each surface with ``trimesh.sample.sample_surface(..., seed=0)``, and the
+  distance is ``mean(d(a, B)^2) + mean(d(b, A)^2)`` (nearest neighbours by KD-tree). It is
+  therefore invariant to translation and uniform scale (shape only); CAD-Recode reports it
+  multiplied by 1000. Identical meshes give exactly 0 (identical samples).
+* **silhouette IoU**: ``|A ∧ B| / |A ∨ B|`` of two boolean masks (1.0 when both are empty).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import manifold3d
+import numpy as np
+import trimesh
+from scipy.spatial import cKDTree
+
+MeshFormat = Literal["stl", "obj"]
+
+#: Points sampled on each surface for the Chamfer distance (CAD-Recode uses 8192).
+CHAMFER_POINTS = 8192
+#: Seed of the surface sampling (fixed, so a measure is a function of the meshes only).
+CHAMFER_SEED = 0
+
+
+class MeshError(ValueError):
+    """A file that does not parse as a mesh of the stated format, or has no triangles."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateResult:
+    """The "must build" gate: ``reason`` is None when the mesh is a closed solid.
+
+    ``mesh`` is the mesh to measure (turned right way out when ``inverted``).
+    """
+
+    mesh: trimesh.Trimesh
+    reason: str | None
+    inverted: bool = False
+
+
+# --------------------------------------------------------------------------- loading and the gate
+
+
+def load_mesh(data: bytes, fmt: MeshFormat) -> trimesh.Trimesh:
+    """Parse ``data`` as an STL (binary or ASCII) or OBJ file into one triangle mesh.
+
+    Vertices at identical positions are merged (STL stores every triangle on its own); an
+    OBJ with several objects becomes one mesh. Raises ``MeshError`` when the bytes do not
+    parse or hold no triangles.
+    """
+    if not data:
+        raise MeshError("the file is empty")
+    try:
+        loaded = trimesh.load(io.BytesIO(data), file_type=fmt, force="mesh", process=True)
+    except Exception as e:  # trimesh raises many types for malformed files
+        raise MeshError(f"not a valid {fmt.upper()} file: {type(e).__name__}: {e}") from None
+    if not isinstance(loaded, trimesh.Trimesh) or len(loaded.faces) == 0:
+        raise MeshError(f"the {fmt.upper()} file holds no triangles")
+    if not np.isfinite(loaded.vertices).all():
+        raise MeshError("the mesh has non-finite vertex coordinates")
+    return loaded
+
+
+def gate(mesh: trimesh.Trimesh) -> GateResult:
+    """Check that ``mesh`` is a closed solid: watertight (every edge shared by exactly two
+    triangles), consistently wound, with non-zero volume.
+
+    A mesh whose winding is consistent but inside-out (negative signed volume) is flipped
+    and passes (``inverted``); orientation is an export detail, not geometry.
+    """
+    if not mesh.is_watertight:
+        open_edges = _boundary_edge_count(mesh)
+        return GateResult(
+            mesh=mesh,
+            reason=f"the mesh is not watertight ({open_edges} edges are not shared by "
+            "exactly two triangles)",
+        )
+    if not mesh.is_winding_consistent:
+        return GateResult(mesh=mesh, reason="the mesh's triangles are not consistently wound")
+    volume = float(mesh.volume)
+    if not math.isfinite(volume) or abs(volume) <= 1e-12 * max(1.0, mesh.scale**3):
+        return GateResult(mesh=mesh, reason="the mesh encloses no volume")
+    if volume < 0:
+        flipped = mesh.copy()
+        flipped.invert()
+        return GateResult(mesh=flipped, reason=None, inverted=True)
+    return GateResult(mesh=mesh, reason=None)
+
+
+def _boundary_edge_count(mesh: trimesh.Trimesh) -> int:
+    edges = mesh.edges_sorted
+    _, counts = np.unique(edges, axis=0, return_counts=True)
+    return int((counts != 2).sum())
+
+
+# --------------------------------------------------------------------------- solids and volume
+
+
+def solid(mesh: trimesh.Trimesh) -> manifold3d.Manifold:
+    """The solid a gated mesh bounds, as a ``manifold3d.Manifold``.
+
+    When every connected shell faces outwards, the shells are united, so overlapping parts
+    (objects joined without a boolean) count once. A mesh with inward-facing shells (cavities)
+    is taken as a whole. Raises ``MeshError`` when manifold3d rejects the mesh.
+    """
+    shells = mesh.split(only_watertight=False)
+    if len(shells) > 1 and all(float(s.volume) > 0 for s in shells):
+        parts = [_manifold(s) for s in shells]
+        return manifold3d.Manifold.batch_boolean(parts, manifold3d.OpType.Add)
+    return _manifold(mesh)
+
+
+def _manifold(mesh: trimesh.Trimesh) -> manifold3d.Manifold:
+    m = manifold3d.Manifold(
+        manifold3d.Mesh64(
+            vert_properties=np.ascontiguousarray(mesh.vertices, dtype=np.float64),
+            tri_verts=np.ascontiguousarray(mesh.faces, dtype=np.uint64),
+        )
+    )
+    status = m.status()
+    if status != manifold3d.Error.NoError:
+        raise MeshError(f"not a manifold solid (manifold3d: {status.name})")
+    return m
+
+
+def volume(mesh: trimesh.Trimesh) -> float:
+    """The volume of the solid ``mesh`` bounds (cubic mesh units); see ``solid``."""
+    return float(solid(mesh).volume())
+
+
+def bounding_box(mesh: trimesh.Trimesh) -> np.ndarray:
+    """``[[xmin, ymin, zmin], [xmax, ymax, zmax]]`` in mesh units."""
+    return np.asarray(mesh.bounds, dtype=np.float64)
+
+
+def bbox_deviation(a: trimesh.Trimesh, b: trimesh.Trimesh) -> float:
+    """The largest absolute difference between the six bounds of ``a`` and ``b`` (mesh units)."""
+    return float(np.max(np.abs(bounding_box(a) - bounding_box(b))))
+
+
+def relative_volume_error(result: float, reference: float) -> float:
+    """``|result - reference| / reference`` (``reference`` must be positive)."""
+    return abs(result - reference) / reference
+
+
+# --------------------------------------------------------------------------- IoU and Chamfer
+
+
+def volumetric_iou(a: trimesh.Trimesh, b: trimesh.Trimesh) -> float:
+    """``vol(A ∩ B) / vol(A ∪ B)`` of the solids, exact (manifold3d booleans), in absolute
+    coordinates. 1.0 for identical solids, 0.0 for disjoint ones."""
+    sa, sb = solid(a), solid(b)
+    inter = float((sa ^ sb).volume())
+    union = float((sa + sb).volume())
+    if union <= 0:
+        return 0.0
+    return min(1.0, max(0.0, inter / union))
+
+
+def normalize_unit_bbox(mesh: trimesh.Trimesh) -> trimesh.Trimesh:
+    """A copy of ``mesh`` centred in the cube ``[0, 1]^3`` with its largest extent 1
+    (CAD-Recode's normalization: translate by the bounding-box centre, scale by
+    ``1 / max(extent)``, translate by 0.5)."""
+    out = mesh.copy()
+    lo, hi = out.bounds
+    out.apply_translation(-(lo + hi) / 2.0)
+    out.apply_scale(1.0 / float(np.max(hi - lo)))
+    out.apply_translation([0.5, 0.5, 0.5])
+    return out
+
+
+def chamfer_distance(
+    a: trimesh.Trimesh,
+    b: trimesh.Trimesh,
+    *,
+    n_points: int = CHAMFER_POINTS,
+    seed: int = CHAMFER_SEED,
+) -> float:
+    """CAD-Recode's Chamfer distance between the surfaces of ``a`` and ``b`` (module
+    docstring): squared distances in the normalized unit cube, summed both ways."""
+    pa, _ = trimesh.sample.sample_surface(normalize_unit_bbox(a), n_points, seed=seed)
+    pb, _ = trimesh.sample.sample_surface(normalize_unit_bbox(b), n_points, seed=seed)
+    da, _ = cKDTree(pb).query(pa, k=1)
+    db, _ = cKDTree(pa).query(pb, k=1)
+    return float(np.mean(np.square(da)) + np.mean(np.square(db)))
+
+
+# --------------------------------------------------------------------------- silhouettes
+
+
+def silhouette_iou(a: np.ndarray, b: np.ndarray) -> float:
+    """``|A ∧ B| / |A ∨ B|`` of two boolean masks of one shape (1.0 when both are empty)."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.shape != b.shape:
+        raise ValueError(f"mask shapes differ: {a.shape} vs {b.shape}")
+    union = int(np.logical_or(a, b).sum())
+    if union == 0:
+        return 1.0
+    return int(np.logical_and(a, b).sum()) / union
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def ramp_up(value: float, *, full: float, zero: float) -> float:
+    """Score of a measure where more is better: 1 at ``value >= full``, 0 at
+    ``value <= zero``, linear between (``zero < full``)."""
+    if value >= full:
+        return 1.0
+    if value <= zero:
+        return 0.0
+    return (value - zero) / (full - zero)
+
+
+def ramp_down(value: float, *, full: float, zero: float) -> float:
+    """Score of an error where less is better: 1 at ``value <= full``, 0 at
+    ``value >= zero``, linear between (``full < zero``)."""
+    if value <= full:
+        return 1.0
+    if value >= zero:
+        return 0.0
+    return (zero - value) / (zero - full)
+
+
+def log_ramp_down(value: float, *, full: float, zero: float) -> float:
+    """``ramp_down`` on a log scale (for errors that span decades, like the Chamfer
+    distance): 1 at ``value <= full``, 0 at ``value >= zero``, linear in ``log(value)``."""
+    if value <= full:
+        return 1.0
+    if value >= zero:
+        return 0.0
+    return math.log(zero / value) / math.log(zero / full)
