@@ -23,7 +23,7 @@ serve: setup
 	$(CRUCIBLE) serve
 
 demo: setup images
-	@echo "demo: the end-to-end rollout (lease, act, verify, reward records) is coming here"
+	@scripts/demo.sh
 
 test: setup images
 	@scripts/services.sh >/dev/null

@@ -7,6 +7,7 @@ infrastructure failures as ``status="error"`` (never reward 0).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,23 +47,17 @@ def register(name: str, fn: Verifier) -> None:
 
 
 def get(name: str) -> Verifier:
-    """The verifier called ``name`` (``InvalidRequest`` when none is)."""
-    _load_builtin()
+    """The verifier called ``name``, importing ``service.verifiers.<name>`` on first use (so a
+    broken domain module cannot take the others down). ``InvalidRequest`` when none exists."""
+    if name not in _VERIFIERS and name.isidentifier():
+        try:
+            importlib.import_module(f"service.verifiers.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"service.verifiers.{name}":
+                raise
     try:
         return _VERIFIERS[name]
     except KeyError:
         raise InvalidRequest(
             f"no verifier named {name!r}; known: {sorted(_VERIFIERS)}", field="verifier"
         ) from None
-
-
-def _load_builtin() -> None:
-    # Imported lazily: each domain module registers itself on import.
-    import importlib
-
-    for module in ("terminal", "document", "cad"):
-        try:
-            importlib.import_module(f"service.verifiers.{module}")
-        except ModuleNotFoundError as e:
-            if e.name != f"service.verifiers.{module}":
-                raise
