@@ -1,0 +1,532 @@
+"""The document-domain verifier: compare the fields of the agent's ``answer.json`` with the
+task's ground truth, field by field, after normalization (``service.verifiers.normalize``).
+
+Where the answer comes from: the episode's end state. A fresh container is made from the
+end-state snapshot (none of the agent's processes run in it) and ``answer.json`` is read
+from it engine-side as an archive; nothing is executed in the agent's sandbox or in the new
+container. The ground truth (``tests/expected.json``) never enters a sandbox: it is read on
+the control plane.
+
+Task settings (``[crucible.settings]`` of ``task.toml``; unknown keys are an error):
+  * ``answer_path``: where the agent writes its answer (default ``<workdir>/answer.json``;
+    a relative path is taken relative to the workdir);
+  * ``ground_truth``: the file under ``tests/`` holding the ground truth (default
+    ``expected.json``).
+
+Ground-truth schema (``GroundTruth``, version 1)::
+
+    {"version": 1, "source": "...", "fields": {"<key>": {"type": ..., "value": ...}, ...}}
+
+Field types and how one is scored (each field scores in [0, 1]):
+  * ``number``: ``value`` in ``scale`` (``units``, ``thousands``, ``millions``,
+    ``billions``); the answer is read by ``parse_amount`` and brought to ``scale`` by
+    ``to_scale`` (a number without a scale word is already in ``scale``). Right (1) when
+    ``|answer - value| <= max(tolerance.abs, tolerance.rel * |value|)``, else 0; a currency
+    or percent mark in the answer is wrong. ``unit`` (e.g. ``"shares"``) is descriptive.
+  * ``money``: a ``number`` with an ISO 4217 ``currency``; a currency written in the
+    answer must be that one (an answer without a currency is taken to be in it).
+  * ``percent``: ``value`` in percentage points; the answer is read by ``percent_points``
+    with the field's ``bare`` rule (``auto``: a bare ``|x| < 1`` is a fraction).
+  * ``date``: ``value`` ``YYYY-MM-DD``; right when ``parse_date`` gives that date
+    (``order`` resolves ``03/04/2024``-style answers).
+  * ``currency``: ``value`` an ISO code; right when ``parse_currency`` gives it.
+  * ``text``: ``value`` (+ ``aliases``); the score is ANLS (``anls``, threshold 0.5 by
+    default): partial credit ``1 - NL`` for a near miss, 0 past the threshold.
+
+Reward: the weighted mean of the field scores (``weight`` defaults to 1), so with
+unit weights it is the fraction of fields right, text fields counting their ANLS.
+Components: ``field.<key>`` (each score), ``fields_right`` (scores of exactly 1) and
+``fields_total``. Keys in the answer that the ground truth does not name are ignored
+(listed in ``details.unknown_keys``).
+
+Outcomes: a missing, oversized (> 1 MiB), non-regular, non-UTF-8, non-JSON or non-object
+``answer.json`` is the agent's outcome: ``status="ok"``, reward 0, the reason in
+``details.reason``. A malformed task (no or invalid ground truth, unknown settings) or a
+runtime failure is ``status="error"`` with reward None (excluded from loss, retried).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import posixpath
+import tarfile
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from service.errors import CrucibleError, NotFound, VerifierError
+from service.ids import new_id
+from service.pool import spec_for
+from service.runtime.base import SandboxRuntime
+from service.tasks.models import Task
+from service.verifiers.base import VerifierResult
+from service.verifiers.normalize import (
+    ISO_CODES,
+    SCALES,
+    BareRule,
+    DateOrder,
+    NormalizationError,
+    anls,
+    json_repr,
+    parse_amount,
+    parse_currency,
+    parse_date,
+    percent_points,
+    to_scale,
+)
+from service.verifiers.registry import EndState, register
+
+NAME = "document"
+VERSION = "1"
+#: Largest ``answer.json`` read, in bytes; a larger one scores 0.
+MAX_ANSWER_BYTES = 1 << 20
+DEFAULT_GROUND_TRUTH = "expected.json"
+ANSWER_FILE = "answer.json"
+_SETTINGS = frozenset({"answer_path", "ground_truth"})
+
+
+# --------------------------------------------------------------------------- ground truth
+
+
+class Tolerance(BaseModel):
+    """How far a number may be from the truth: ``abs`` in the field's scale (or percentage
+    points), ``rel`` as a fraction of the true value; the larger bound applies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    abs: Decimal = Field(Decimal(0), ge=0)
+    rel: Decimal = Field(Decimal(0), ge=0)
+
+    def allows(self, error: Decimal, truth: Decimal) -> bool:
+        """Whether ``error`` (an absolute difference) is within the tolerance."""
+        return error <= max(self.abs, self.rel * abs(truth))
+
+
+class _FieldBase(BaseModel):
+    """What every field has: ``weight`` in the reward, ``evidence`` (the strings the document
+    prints for it; used by the corpus checks, never by scoring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(1.0, ge=0)
+    evidence: list[str] = Field(default_factory=list)
+
+
+class NumberField(_FieldBase):
+    """A quantity in ``scale``; ``unit`` describes it (``"shares"``, ``"employees"``)."""
+
+    type: Literal["number"]
+    value: Decimal
+    scale: str = "units"
+    unit: str | None = None
+    tolerance: Tolerance = Field(default_factory=Tolerance)
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, value: str) -> str:
+        if value not in SCALES:
+            raise ValueError(f"unknown scale {value!r}; known: {sorted(SCALES)}")
+        return value
+
+
+class MoneyField(NumberField):
+    """An amount of ``currency`` (ISO 4217) in ``scale``."""
+
+    type: Literal["money"]  # type: ignore[assignment]
+    currency: str
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, value: str) -> str:
+        if value not in ISO_CODES:
+            raise ValueError(f"{value!r} is not a known ISO 4217 code")
+        return value
+
+
+class PercentField(_FieldBase):
+    """A percentage; ``value`` and ``tolerance.abs`` in percentage points."""
+
+    type: Literal["percent"]
+    value: Decimal
+    bare: BareRule = "auto"
+    tolerance: Tolerance = Field(default_factory=Tolerance)
+
+
+class DateField(_FieldBase):
+    """A calendar date; ``order`` resolves ambiguous numeric answers."""
+
+    type: Literal["date"]
+    value: dt.date
+    order: DateOrder | None = None
+
+
+class CurrencyField(_FieldBase):
+    """A currency, as an ISO 4217 code."""
+
+    type: Literal["currency"]
+    value: str
+
+    @field_validator("value")
+    @classmethod
+    def _code(cls, value: str) -> str:
+        if value not in ISO_CODES:
+            raise ValueError(f"{value!r} is not a known ISO 4217 code")
+        return value
+
+
+class TextField(_FieldBase):
+    """Free text scored by ANLS against ``value`` and ``aliases``."""
+
+    type: Literal["text"]
+    value: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    threshold: float = Field(0.5, gt=0, le=1)
+
+
+FieldSpec = Annotated[
+    NumberField | MoneyField | PercentField | DateField | CurrencyField | TextField,
+    Field(discriminator="type"),
+]
+
+
+class GroundTruth(BaseModel):
+    """A task's ``tests/expected.json``: the fields an answer must have, in order, and
+    ``source``, where the truth came from (free text, e.g. the generator and its seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1]
+    source: str = ""
+    fields: dict[str, FieldSpec] = Field(min_length=1)
+
+    @field_validator("fields")
+    @classmethod
+    def _some_weight(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if sum(f.weight for f in value.values()) <= 0:
+            raise ValueError("the field weights add up to 0")
+        return value
+
+
+def load_ground_truth(path: Path) -> GroundTruth:
+    """Read and validate a ground-truth file.
+
+    Raises:
+        VerifierError: the file is missing or does not match the schema (a task defect).
+    """
+    try:
+        return GroundTruth.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise VerifierError(f"ground truth {path} unreadable: {e.strerror}") from None
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise VerifierError(f"ground truth {path}: {where}: {first['msg']}") from None
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldScore:
+    """One field's outcome: ``score`` in [0, 1], what the answer was read as, and why it lost
+    points (None when it scored 1)."""
+
+    score: float
+    normalized: str | None = None
+    reason: str | None = None
+
+    def as_dict(self, *, expected: str, given: object) -> dict[str, Any]:
+        """The JSON form kept in the verifier details."""
+        out: dict[str, Any] = {"score": self.score, "expected": expected, "given": given}
+        if self.normalized is not None:
+            out["normalized"] = self.normalized
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+def expected_text(spec: FieldSpec) -> str:
+    """The truth of a field as a short human-readable string (for details)."""
+    if isinstance(spec, MoneyField):
+        return f"{spec.value} {spec.currency} ({spec.scale})"
+    if isinstance(spec, NumberField):
+        return f"{spec.value} ({spec.scale})"
+    if isinstance(spec, PercentField):
+        return f"{spec.value}%"
+    if isinstance(spec, DateField):
+        return spec.value.isoformat()
+    return spec.value
+
+
+def _plain(number: Decimal) -> str:
+    text = format(number.normalize(), "f")
+    return "0" if text in ("-0", "") else text
+
+
+def score_field(spec: FieldSpec, given: object) -> FieldScore:
+    """Score one answer value against its field (pure; never raises)."""
+    if given is None:
+        return FieldScore(score=0.0, reason="no answer")
+    try:
+        if isinstance(spec, NumberField):
+            return _score_number(spec, given)
+        if isinstance(spec, PercentField):
+            points = percent_points(given, bare=spec.bare)
+            ok = spec.tolerance.allows(abs(points - spec.value), spec.value)
+            return FieldScore(
+                score=1.0 if ok else 0.0,
+                normalized=f"{_plain(points)}%",
+                reason=None if ok else f"{_plain(points)}% is not {spec.value}%",
+            )
+        if isinstance(spec, DateField):
+            date = parse_date(given, order=spec.order)
+            ok = date == spec.value
+            return FieldScore(
+                score=1.0 if ok else 0.0,
+                normalized=date.isoformat(),
+                reason=None if ok else f"{date.isoformat()} is not {spec.value.isoformat()}",
+            )
+        if isinstance(spec, CurrencyField):
+            code = parse_currency(given)
+            ok = code == spec.value
+            return FieldScore(
+                score=1.0 if ok else 0.0,
+                normalized=code,
+                reason=None if ok else f"{code} is not {spec.value}",
+            )
+        return _score_text(spec, given)
+    except NormalizationError as e:
+        return FieldScore(score=0.0, reason=f"unreadable: {e}")
+
+
+def _score_number(spec: NumberField, given: object) -> FieldScore:
+    amount = parse_amount(given)
+    if amount.percent:
+        return FieldScore(score=0.0, reason="a percentage where an amount was asked for")
+    want = spec.currency if isinstance(spec, MoneyField) else None
+    if amount.currency is not None and amount.currency != want:
+        return FieldScore(
+            score=0.0,
+            reason=f"currency {amount.currency} where {want or 'no currency'} was asked for",
+        )
+    value = to_scale(amount, scale=spec.scale)
+    shown = f"{_plain(value)} ({spec.scale})"
+    ok = spec.tolerance.allows(abs(value - spec.value), spec.value)
+    return FieldScore(
+        score=1.0 if ok else 0.0,
+        normalized=shown,
+        reason=None if ok else f"{shown} is not {spec.value} within {_tolerance_text(spec)}",
+    )
+
+
+def _tolerance_text(spec: NumberField) -> str:
+    t = spec.tolerance
+    parts = [f"±{t.abs}"] if t.abs else []
+    parts += [f"±{t.rel * 100}%"] if t.rel else []
+    return " or ".join(parts) or "exactly"
+
+
+def _score_text(spec: TextField, given: object) -> FieldScore:
+    if isinstance(given, bool) or not isinstance(given, str | int | float):
+        return FieldScore(score=0.0, reason=f"expected text, got {json_repr(given)}")
+    text = given if isinstance(given, str) else json.dumps(given)
+    score = anls(text, [spec.value, *spec.aliases], threshold=spec.threshold)
+    return FieldScore(
+        score=round(score, 6),
+        normalized=text,
+        reason=None if score == 1.0 else f"ANLS {score:.3f} against {spec.value!r}",
+    )
+
+
+def parse_answer(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(the answer object, None) or (None, why it cannot be scored)."""
+    if len(data) > MAX_ANSWER_BYTES:
+        return None, f"{ANSWER_FILE} is larger than {MAX_ANSWER_BYTES} bytes"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        return None, f"{ANSWER_FILE} is not UTF-8 (byte {e.start})"
+    try:
+        answer = json.loads(text)
+    except ValueError as e:
+        return None, f"{ANSWER_FILE} is not valid JSON: {e}"
+    if not isinstance(answer, dict):
+        kind = type(answer).__name__ if answer is not None else "null"
+        return None, f"{ANSWER_FILE} must hold a JSON object of fields, not {kind}"
+    return answer, None
+
+
+def score_answer(
+    truth: GroundTruth, data: bytes | None, *, problem: str | None = None
+) -> VerifierResult:
+    """Score the bytes of ``answer.json`` (None when it could not be read, with ``problem``
+    saying why) against ``truth``. Pure; the status is always ``ok``."""
+    components: dict[str, float] = {f"field.{key}": 0.0 for key in truth.fields}
+    components.update(fields_right=0.0, fields_total=float(len(truth.fields)))
+    answer = None
+    if data is not None:
+        answer, problem = parse_answer(data)
+    if answer is None:
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status="ok",
+            reward=0.0,
+            components=components,
+            details={"reason": problem or f"no {ANSWER_FILE}", "passed": False},
+        )
+    fields: dict[str, Any] = {}
+    total_weight = sum(spec.weight for spec in truth.fields.values())
+    weighted = 0.0
+    for key, spec in truth.fields.items():
+        given = answer.get(key)
+        result = score_field(spec, given)
+        components[f"field.{key}"] = result.score
+        components["fields_right"] += result.score == 1.0
+        weighted += spec.weight * result.score
+        fields[key] = result.as_dict(expected=expected_text(spec), given=_short(given))
+    reward = round(weighted / total_weight, 9)
+    details: dict[str, Any] = {"fields": fields, "passed": reward >= 1.0}
+    unknown = sorted(k for k in answer if k not in truth.fields)
+    if unknown:
+        details["unknown_keys"] = unknown[:50]
+    return VerifierResult(
+        name=NAME,
+        version=VERSION,
+        status="ok",
+        reward=reward,
+        components=components,
+        details=details,
+    )
+
+
+def _short(value: object) -> object:
+    """``value`` itself when it is a short scalar, else a truncated repr (details stay small)."""
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:197] + "..."
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return json_repr(value)
+
+
+# --------------------------------------------------------------------------- the end state
+
+
+@dataclass(frozen=True, kw_only=True)
+class DocumentCheck:
+    """What one task asks of the verifier: its ground truth and where the answer is."""
+
+    truth: GroundTruth
+    answer_path: str
+
+
+def check_for(task: Task) -> DocumentCheck:
+    """The ground truth and answer path of ``task``.
+
+    Raises:
+        VerifierError: unknown settings, no tests directory, or a bad ground-truth file.
+    """
+    settings = dict(task.verifier_settings)
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown:
+        raise VerifierError(
+            f"task {task.key}: unknown [crucible.settings] {unknown}; known: {sorted(_SETTINGS)}"
+        )
+    if task.tests_dir is None:
+        raise VerifierError(f"task {task.key} has no tests/ directory with its ground truth")
+    name = settings.get("ground_truth", DEFAULT_GROUND_TRUTH)
+    answer_path = settings.get("answer_path", ANSWER_FILE)
+    if not isinstance(name, str) or not isinstance(answer_path, str) or not answer_path:
+        raise VerifierError(f"task {task.key}: ground_truth and answer_path must be strings")
+    path = (task.tests_dir / name).resolve()
+    if not path.is_relative_to(task.tests_dir.resolve()):
+        raise VerifierError(f"task {task.key}: ground_truth {name!r} leaves tests/")
+    answer_path = posixpath.normpath(posixpath.join(task.environment.workdir, answer_path))
+    return DocumentCheck(truth=load_ground_truth(path), answer_path=answer_path)
+
+
+def read_file(runtime: SandboxRuntime, container_id: str, path: str) -> tuple[bytes | None, str]:
+    """(bytes, "") of a regular file read engine-side, or (None, why not).
+
+    Raises ``CrucibleError`` for runtime failures other than a missing path.
+    """
+    try:
+        stream = runtime.get_archive(container_id, path)
+    except NotFound:
+        return None, f"{path} does not exist"
+    buf = bytearray()
+    limit = MAX_ANSWER_BYTES + (64 << 10)  # the tar header and padding on top of the file
+    try:
+        for chunk in stream:
+            buf += chunk
+            if len(buf) > limit:
+                return None, f"{path} is larger than {MAX_ANSWER_BYTES} bytes"
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bytes(buf))) as tar:
+            member = tar.next()
+            if member is None:
+                return None, f"{path} does not exist"
+            if not member.isfile():
+                return None, f"{path} is not a regular file (a directory or a link)"
+            if member.size > MAX_ANSWER_BYTES:
+                return None, f"{path} is larger than {MAX_ANSWER_BYTES} bytes"
+            fh = tar.extractfile(member)
+            return (fh.read() if fh else b""), ""
+    except tarfile.TarError as e:
+        raise VerifierError(f"reading {path}: the engine returned a bad archive: {e}") from e
+
+
+def verify_episode(task: Task, end: EndState) -> VerifierResult:
+    """Registry entry: score ``task``'s ``answer.json`` in the episode's end state."""
+    t0 = time.perf_counter()
+    created: list[str] = []
+
+    def failed(reason: str) -> VerifierResult:
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status="error",
+            reward=None,
+            duration_ms=(time.perf_counter() - t0) * 1e3,
+            details={"reason": reason},
+        )
+
+    try:
+        check = check_for(task)
+        cid = end.runtime.create(
+            spec_for(end.template, new_id("vf"), end.deployment, image=end.snapshot_image)
+        )
+        created.append(cid)
+        data, problem = read_file(end.runtime, cid, check.answer_path)
+        result = score_answer(check.truth, data, problem=problem or None)
+    except VerifierError as e:
+        return failed(e.detail)
+    except CrucibleError as e:
+        return failed(f"verifier infrastructure failed: {e.detail}")
+    except Exception as e:  # a verifier bug is an error record, never a silent 0
+        return failed(f"verifier crashed: {type(e).__name__}: {e}")
+    finally:
+        for cid in created:
+            end.dispose(cid)
+    return VerifierResult(
+        name=result.name,
+        version=result.version,
+        status=result.status,
+        reward=result.reward,
+        components=result.components,
+        details={**result.details, "answer_path": check.answer_path},
+        duration_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+register(NAME, verify_episode)
