@@ -105,7 +105,7 @@ def serve(pool_targets: str = '{"terminal": 2}') -> Iterator[Served]:
     }
     env.pop("CRUCIBLE_DATABASE_URL", None)
     key = subprocess.run(
-        [CRUCIBLE, "keys", "create", "--tenant", "bench", "--json"],
+        [CRUCIBLE, "keys", "create", "--tenant", "bench", "--admin", "--json"],
         env=env,
         check=True,
         capture_output=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -321,6 +322,17 @@ class PoolManager:
     def destroy_async(self, sandbox_id: str) -> Future:
         """Destroy a sandbox's container in the background (release must stay fast)."""
         return self._destroyer.submit(self._destroy_row, sandbox_id)
+
+    def background(self, fn: Callable[..., object], *args: object) -> Future:
+        """Run a clean-up call (image removal...) off the request path; errors are logged."""
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except CrucibleError as e:
+                log.warning("background %s failed: %s", getattr(fn, "__name__", fn), e)
+
+        return self._destroyer.submit(run)
 
     def destroy_container_async(self, container_id: str) -> Future:
         """Destroy a container that has no sandbox row (a verifier's) in the background."""

@@ -472,7 +472,7 @@ def delete_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str)
             sandbox_id=snap.sandbox_id,
             details={"snapshot_id": snapshot_id},
         )
-    ctx.runtime.remove_image(snap.image)
+    ctx.pools.background(ctx.runtime.remove_image, snap.image)
 
 
 def fork(

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import os
 import posixpath
+import stat
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -755,7 +756,22 @@ class DockerRuntime:
         return _map_error(e, f"container {container_id}, path {path}")
 
     def diff(self, container_id: str) -> list[FsChange]:
-        """The container's filesystem changes against its image, from the engine."""
+        """The container's filesystem changes against its image.
+
+        On overlay2 with the engine's storage visible (a control plane on the engine's
+        host) the writable layer's upper directory is walked directly, as the engine's own
+        overlay diff does: milliseconds instead of the engine's full-tree comparison
+        (~0.6 s here). Otherwise the engine's ``diff`` API answers. Both read engine-side
+        state; nothing inside the sandbox can hide a change.
+        """
+        try:
+            graph = self._api.inspect_container(container_id).get("GraphDriver") or {}
+        except Exception as e:
+            raise _map_error(e, f"inspect of container {container_id}") from e
+        data = graph.get("Data") or {}
+        upper, lower = data.get("UpperDir"), data.get("LowerDir") or ""
+        if graph.get("Name") == "overlay2" and upper and os.access(upper, os.R_OK | os.X_OK):
+            return overlay_changes(upper, [d for d in lower.split(":") if d])
         try:
             rows = self._api.diff(container_id) or []
         except Exception as e:
@@ -823,3 +839,44 @@ class DockerRuntime:
             return self._api.inspect_image(image)["Id"]
         except Exception as e:
             raise _map_error(e, f"image {image}") from e
+
+
+def overlay_changes(upper: str, lowers: list[str]) -> list[FsChange]:
+    """Changes recorded in an overlayfs upper directory, in the engine's diff semantics.
+
+    A whiteout (character device 0:0) is a deletion. An entry is added when no lower layer
+    has its path, else modified (copied up). A directory marked opaque
+    (``trusted.overlay.opaque=y``) hides the lower directory: each lower child it does not
+    hold again is reported deleted, as the engine's tree comparison does.
+    """
+    out: list[FsChange] = []
+
+    def in_lower(rel: str) -> bool:
+        return any(os.path.lexists(os.path.join(d, rel)) for d in lowers)
+
+    for dirpath, dirnames, filenames in os.walk(upper):
+        for name in sorted(dirnames + filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, upper)
+            st = os.lstat(full)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                out.append(FsChange("/" + rel, "deleted"))
+                continue
+            out.append(FsChange("/" + rel, "modified" if in_lower(rel) else "added"))
+            if stat.S_ISDIR(st.st_mode) and _is_opaque(full):
+                present = set(os.listdir(full))
+                hidden = {
+                    c
+                    for d in lowers
+                    if os.path.isdir(os.path.join(d, rel))
+                    for c in os.listdir(os.path.join(d, rel))
+                }
+                out.extend(FsChange(f"/{rel}/{c}", "deleted") for c in sorted(hidden - present))
+    return out
+
+
+def _is_opaque(path: str) -> bool:
+    try:
+        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False

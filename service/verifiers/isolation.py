@@ -152,7 +152,7 @@ def plan_changes(changes: Iterable[FsChange], workdir: str | None = None) -> Cha
     added_roots: list[str] = []
     copy, delete, tampered = [], [], []
     for c in sorted(rows, key=lambda c: c.path):
-        if any(c.path.startswith(r + "/") for r in added_roots):
+        if c.kind != "deleted" and any(c.path.startswith(r + "/") for r in added_roots):
             continue  # inside a directory that is copied whole
         if c.kind == "modified" and c.path in has_child:
             continue  # a directory whose changed children are listed

@@ -30,7 +30,13 @@ from service.runtime.base import ExecRequest, SandboxRuntime
 from service.tasks.models import Task
 from service.templates import Template
 from service.verifiers.base import VerifierResult
-from service.verifiers.isolation import VERIFIER_ENV, plan_changes, posix_parent, tests_tar
+from service.verifiers.isolation import (
+    VERIFIER_ENV,
+    ChangePlan,
+    plan_changes,
+    posix_parent,
+    tests_tar,
+)
 from service.verifiers.registry import EndState, register
 
 NAME = "terminal"
@@ -289,7 +295,12 @@ def verify(
             reward_json=files["reward.json"],
             junit=files["junit.xml"],
         )
-        details = {**result.details, "tampered": list(plan.tampered), "log_tail": log_tail}
+        details = {
+            **result.details,
+            "tampered": list(plan.tampered),
+            "log_tail": log_tail,
+            "tests_ms": round(res.duration_ms, 3),
+        }
         return VerifierResult(
             name=NAME,
             version=VERSION,
@@ -315,7 +326,7 @@ def verify(
 
 def _carry_over(
     runtime: SandboxRuntime,
-    plan: Any,
+    plan: ChangePlan,
     *,
     template: Template,
     deployment: str,
@@ -323,16 +334,20 @@ def _carry_over(
     into: str,
     created: list[str],
 ) -> None:
-    """Copy the agent's non-toolchain changes from the snapshot into a pristine container."""
+    """Replay the agent's non-toolchain changes from the snapshot onto a pristine container:
+    deletions first (the pristine toolchain's ``rm``), then the added and modified entries
+    (engine-side archives)."""
+    if plan.delete:
+        runtime.exec(
+            into, ExecRequest(cmd=["rm", "-rf", "--", *plan.delete], timeout_s=60, user="0")
+        )
+    if not plan.copy:
+        return
     src = runtime.create(spec_for(template, new_id("vs"), deployment, image=snapshot_image))
     created.append(src)
     for path in plan.copy:
         tar = b"".join(runtime.get_archive(src, path))
         runtime.put_archive(into, posix_parent(path), tar)
-    if plan.delete:
-        runtime.exec(
-            into, ExecRequest(cmd=["rm", "-rf", "--", *plan.delete], timeout_s=60, user="0")
-        )
 
 
 def check_for(task: Task) -> TerminalCheck:

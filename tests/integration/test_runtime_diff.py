@@ -1,0 +1,50 @@
+"""The fast overlay diff agrees with the engine's own diff API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from service.runtime.base import ExecRequest
+
+pytestmark = pytest.mark.docker
+
+CHANGES = (
+    "echo new > /workspace/added.txt; mkdir -p /workspace/newdir/sub; echo x > "
+    "/workspace/newdir/sub/f; echo more >> /etc/motd; rm -f /etc/issue; "
+    "rm -rf /usr/share/doc/bash && mkdir /usr/share/doc/bash && echo o > /usr/share/doc/bash/o; "
+    "ln -s /etc/passwd /workspace/link; chmod 600 /etc/debian_version"
+)
+
+
+def test_overlay_diff_matches_engine_diff(
+    docker_runtime: Any, make_sandbox: Callable[..., str]
+) -> None:
+    cid = make_sandbox()
+    assert docker_runtime.exec(cid, ExecRequest(cmd=CHANGES)).exit_code == 0
+    fast = {(c.path, c.kind) for c in docker_runtime.diff(cid)}
+    rows = docker_runtime._api.diff(cid)
+    kinds = {0: "modified", 1: "added", 2: "deleted"}
+    engine = {(r["Path"], kinds[r["Kind"]]) for r in rows}
+    # The engine also reports the mount points it made in the init layer; the upper dir
+    # holds only what processes in the container did.
+    engine_only = {p for p, _ in engine - fast}
+    assert engine_only <= {"/opt", "/opt/crucible", "/usr/sbin/docker-init", "/usr/sbin", "/usr"}, (
+        engine - fast
+    )
+    assert fast - engine == set(), fast - engine
+    for expected in [
+        ("/workspace/added.txt", "added"),
+        ("/workspace/newdir", "added"),
+        ("/etc/motd", "modified"),
+        ("/etc/issue", "deleted"),
+        ("/workspace/link", "added"),
+        ("/etc/debian_version", "modified"),
+        (
+            "/usr/share/doc/bash",
+            "added" if ("/usr/share/doc/bash", "added") in engine else "modified",
+        ),
+    ]:
+        assert expected in fast
