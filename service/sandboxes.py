@@ -84,8 +84,13 @@ def lease(
     template: str,
     ttl_s: int | None,
     metadata: dict[str, Any],
+    cpus: float | None = None,
+    memory_mb: int | None = None,
 ) -> Sandbox:
     """Lease one sandbox of ``template``: a warm one, or a cold start when the pool is empty.
+
+    ``cpus`` / ``memory_mb`` override the template's limits for this lease (the quota is
+    charged what is asked); a warm sandbox gets them applied before it is handed out.
 
     Quota reservation, the warm claim (or the cold row) and the audit event commit in one
     transaction.
@@ -94,7 +99,10 @@ def lease(
         NotFound: unknown template. QuotaExceeded: over quota (audited).
         SandboxError: a cold start failed (quota given back).
     """
-    tpl = ctx.templates.get(template)
+    base = ctx.templates.get(template)
+    tpl = base.model_copy(
+        update={k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
+    )
     ttl = _ttl(ctx, ttl_s)
     need = Resources(1, tpl.cpus, tpl.memory_mb)
     sid = new_id("sb")
@@ -109,6 +117,8 @@ def lease(
                 ttl_s=ttl,
                 metadata=metadata,
             )
+            if warm is not None and (tpl.cpus, tpl.memory_mb) != (warm.cpus, warm.memory_mb):
+                warm.cpus, warm.memory_mb = tpl.cpus, tpl.memory_mb
             if warm is not None:
                 audit.record(
                     s,
@@ -140,8 +150,21 @@ def lease(
     ctx.pools.wake()  # after commit: the refill loop must not contend with this transaction
     LEASES.labels(template, "warm" if warm is not None else "cold").inc()
     if warm is not None:
+        if (tpl.cpus, tpl.memory_mb) != (base.cpus, base.memory_mb):
+            _apply_limits(ctx, principal, warm, tpl)
         return warm
     return _finish_cold_start(ctx, principal, sid, tpl, ttl=ttl, image=None, action="sandbox.lease")
+
+
+def _apply_limits(ctx: ServiceContext, principal: Principal, row: Sandbox, tpl: Any) -> None:
+    """Give a warm sandbox the lease's own limits; on failure the lease is undone."""
+    try:
+        ctx.runtime.update_limits(
+            row.container_id, cpus=tpl.cpus, memory_bytes=tpl.memory_mb * 1024 * 1024
+        )
+    except CrucibleError as e:
+        release(ctx, principal, row.id)
+        raise SandboxError(f"could not apply the requested limits: {e.detail}") from e
 
 
 def _audit_refusal(

@@ -18,10 +18,18 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LimitsIn(_Model):
+    """Per-lease overrides of the template's limits (checked against the tenant's quota)."""
+
+    cpus: float | None = Field(None, gt=0, le=64)
+    memory_mb: int | None = Field(None, ge=16, le=256 * 1024)
+
+
 class LeaseRequest(_Model):
     """``POST /v1/sandboxes``: lease one sandbox of ``template`` for ``ttl_s`` seconds."""
 
     template: str = Field(min_length=1, max_length=64)
+    limits: LimitsIn | None = None
     ttl_s: int | None = Field(None, ge=1, description="Lease length; default from settings.")
     metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=64)
 

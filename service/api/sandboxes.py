@@ -100,8 +100,15 @@ def _observe(res: ExecResult) -> None:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=SandboxOut)
 def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
     """Lease a sandbox from the template's warm pool (a cold start only when it is empty)."""
+    limits = body.limits
     row = sandboxes.lease(
-        ctx, principal, template=body.template, ttl_s=body.ttl_s, metadata=body.metadata
+        ctx,
+        principal,
+        template=body.template,
+        ttl_s=body.ttl_s,
+        metadata=body.metadata,
+        cpus=limits.cpus if limits else None,
+        memory_mb=limits.memory_mb if limits else None,
     )
     return sandbox_out(row)
 

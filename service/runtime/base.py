@@ -152,6 +152,10 @@ class SandboxRuntime(Protocol):
         """Stream a tar of ``path`` from the container."""
         ...
 
+    def update_limits(self, container_id: str, *, cpus: float, memory_bytes: int) -> None:
+        """Change a running container's CPU and memory (= memory+swap) limits."""
+        ...
+
     def snapshot(self, container_id: str, *, repository: str, tag: str) -> str:
         """Pause, commit the filesystem to ``repository:tag``, unpause; return the image id."""
         ...

@@ -755,6 +755,20 @@ class DockerRuntime:
             return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
         return _map_error(e, f"container {container_id}, path {path}")
 
+    def update_limits(self, container_id: str, *, cpus: float, memory_bytes: int) -> None:
+        """Set NanoCpus, Memory and MemorySwap (= Memory) of a running container.
+
+        The docker SDK's ``update_container`` has no NanoCpus, and CpuQuota conflicts with
+        the NanoCpus set at create, so the engine's update endpoint is called directly.
+        Raises ``SandboxError`` (e.g. memory below what the container uses now).
+        """
+        body = {"NanoCpus": int(cpus * 1e9), "Memory": memory_bytes, "MemorySwap": memory_bytes}
+        try:
+            url = self._api._url("/containers/{0}/update", container_id)
+            self._api._raise_for_status(self._api._post_json(url, data=body))
+        except Exception as e:
+            raise _map_error(e, f"updating the limits of container {container_id}") from e
+
     def diff(self, container_id: str) -> list[FsChange]:
         """The container's filesystem changes against its image.
 

@@ -388,3 +388,37 @@ def test_health_ready_metrics_templates(stack: Stack) -> None:
     )
     names = [t["name"] for t in stack.alice.get("/v1/templates").json()]
     assert "terminal" in names
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_lease_limits_override_within_quota(stack: Stack, warm: bool) -> None:
+    if warm:
+        stack.wait_for(lambda: stack.alice.get("/v1/pools/terminal").json()["warm"] >= 1, 60)
+    else:
+        stack.admin.put("/v1/pools/terminal", json={"target_size": 0})
+        stack.wait_for(lambda: stack.alice.get("/v1/pools/terminal").json()["warm"] == 0, 60)
+    sb = lease(stack.alice, limits={"cpus": 0.5, "memory_mb": 256})
+    assert (sb["cpus"], sb["memory_mb"]) == (0.5, 256)
+    out = run(
+        stack.alice,
+        sb["id"],
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes "
+        "/sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us",
+    )
+    mem, quota, period = (int(x) for x in out["stdout"].split())
+    assert mem == 256 << 20 and quota / period == 0.5
+    stack.alice.delete(f"/v1/sandboxes/{sb['id']}")
+    if not warm:
+        stack.admin.put("/v1/pools/terminal", json={"target_size": 1})
+    assert_problem(
+        stack.alice.post("/v1/sandboxes", json={"template": "terminal", "limits": {"cpus": 100}}),
+        422,
+        "limits.cpus",
+    )
+    assert_problem(
+        stack.alice.post(
+            "/v1/sandboxes", json={"template": "terminal", "limits": {"memory_mb": 1 << 20}}
+        ),
+        422,
+        "limits.memory_mb",
+    )
