@@ -115,8 +115,17 @@ def _register_fonts() -> None:
 
 
 def render(doc: Doc) -> bytes:
-    """The PDF bytes of ``doc`` (A4, 20 mm margins)."""
-    import reportlab
+    """The PDF bytes of ``doc`` (A4, 20 mm margins).
+
+    Raises ``RuntimeError`` when reportlab is missing or not ``REPORTLAB_VERSION``.
+    """
+    try:
+        import reportlab
+    except ImportError:
+        raise RuntimeError(
+            f"rendering the document corpus needs reportlab=={REPORTLAB_VERSION} "
+            "(a development dependency: pip install -e '.[dev]')"
+        ) from None
     from reportlab import rl_config
     from reportlab.lib.enums import TA_CENTER
     from reportlab.lib.pagesizes import A4

@@ -39,6 +39,8 @@ Components: ``field.<key>`` (each score), ``fields_right`` (scores of exactly 1)
 ``fields_total``. Keys in the answer that the ground truth does not name are ignored
 (listed in ``details.unknown_keys``).
 
+A string value longer than ``MAX_VALUE_CHARS`` (1000) scores 0 unread.
+
 Outcomes: a missing, oversized (> 1 MiB), non-regular, non-UTF-8, non-JSON or non-object
 ``answer.json`` is the agent's outcome: ``status="ok"``, reward 0, the reason in
 ``details.reason``. A malformed task (no or invalid ground truth, unknown settings) or a
@@ -86,6 +88,8 @@ NAME = "document"
 VERSION = "1"
 #: Largest ``answer.json`` read, in bytes; a larger one scores 0.
 MAX_ANSWER_BYTES = 1 << 20
+#: Longest string value scored, in characters; a longer one scores 0 without being parsed.
+MAX_VALUE_CHARS = 1000
 DEFAULT_GROUND_TRUTH = "expected.json"
 ANSWER_FILE = "answer.json"
 _SETTINGS = frozenset({"answer_path", "ground_truth"})
@@ -273,6 +277,8 @@ def score_field(spec: FieldSpec, given: object) -> FieldScore:
     """Score one answer value against its field (pure; never raises)."""
     if given is None:
         return FieldScore(score=0.0, reason="no answer")
+    if isinstance(given, str) and len(given) > MAX_VALUE_CHARS:
+        return FieldScore(score=0.0, reason=f"longer than {MAX_VALUE_CHARS} characters")
     try:
         if isinstance(spec, NumberField):
             return _score_number(spec, given)

@@ -596,6 +596,8 @@ def anls(answer: str, truths: Iterable[str], *, threshold: float = 0.5) -> float
     for truth in truths:
         g = normalize_text(truth)
         longest = max(len(a), len(g))
+        if longest and abs(len(a) - len(g)) / longest >= threshold:
+            continue  # the distance is at least the length gap: past the threshold already
         nl = levenshtein(a, g) / longest if longest else 0.0
         best = max(best, 1.0 - nl if nl < threshold else 0.0)
     return best

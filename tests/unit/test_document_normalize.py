@@ -390,3 +390,5 @@ def test_anls() -> None:
     assert anls("", ["x"]) == 0.0
     assert anls("", [""]) == 1.0
     assert anls("Acme Corp", ["ACME Corporation"], threshold=0.4) == 0.0
+    # a huge answer is past the threshold by its length alone (answered without the O(n*m) DP)
+    assert anls("x" * 1_000_000, ["Kestrel Robotics Inc."]) == 0.0

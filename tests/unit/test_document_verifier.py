@@ -151,6 +151,8 @@ def test_text_field_is_anls() -> None:
     assert score_field(s, "Kestrel Robotics").score == pytest.approx(16 / 21, abs=1e-6)
     assert score_field(s, "Acme").score == 0.0
     assert score_field(s, ["Kestrel Robotics Inc."]).score == 0.0
+    long = score_field(s, "Kestrel Robotics Inc." + " " * 1000)
+    assert (long.score, long.reason) == (0.0, "longer than 1000 characters")
     number = spec(type="text", value="10234")
     assert score_field(number, 10234).score == 1.0  # a JSON number is compared as text
 
