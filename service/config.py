@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     )
 
     pool_targets: dict[str, int] = Field(
-        default_factory=lambda: {"terminal": 2},
+        default_factory=lambda: {"terminal": 2, "document": 1, "cad": 1},
         description="Warm pool target size per template.",
     )
     pool_refill_concurrency: int = Field(2, ge=1, le=64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -73,6 +74,7 @@ class PoolManager:
         )
         self._destroyer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="crucible-destroy")
         self._inflight: dict[str, int] = {}
+        self._images_seen: dict[str, tuple[bool, float]] = {}
         self._demand: dict[str, int] = {}  # in-process warm targets asked for by jobs
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -211,6 +213,25 @@ class PoolManager:
             )
         return cid
 
+    def _image_present(self, image: str) -> bool:
+        """Whether ``image`` exists (re-checked every 60 s); a missing one is warned about
+        once and its pool is not refilled (``crucible images build`` makes it)."""
+        now = time.monotonic()
+        with self._lock:
+            known = self._images_seen.get(image)
+        if known is not None and now - known[1] < 60:
+            return known[0]
+        try:
+            self.runtime.image_digest(image)
+            present = True
+        except CrucibleError:
+            present = False
+            if known is None or known[0]:
+                log.warning("image %s is missing; its warm pool stays empty", image)
+        with self._lock:
+            self._images_seen[image] = (present, now)
+        return present
+
     def _refill_one(self, template: Template) -> None:
         sid = new_id("sb")
         try:
@@ -255,6 +276,8 @@ class PoolManager:
             try:
                 template = self.templates.get(name)
             except NotFound:
+                continue
+            if not self._image_present(template.image):
                 continue
             for _ in range(deficit):
                 with self._lock:

@@ -51,6 +51,22 @@ def builtin_templates(image_prefix: str = "crucible") -> list[Template]:
             pids_limit=256,
             workdir="/workspace",
         ),
+        Template(
+            name="document",
+            image=f"{image_prefix}/document:latest",
+            description="PDF and office tooling: poppler-utils, pdfminer.six, pypdf, openpyxl.",
+            cpus=1.0,
+            memory_mb=1024,
+            workdir="/app",
+        ),
+        Template(
+            name="cad",
+            image=f"{image_prefix}/cad:latest",
+            description="Headless Blender (blender -b --python) with python3 and numpy.",
+            cpus=2.0,
+            memory_mb=4096,
+            workdir="/app",
+        ),
     ]
 
 
