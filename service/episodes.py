@@ -193,10 +193,9 @@ def verify(
     """
     ep = get(ctx, principal, episode_id)
     if ep.state in ("verified", "error"):
-        with ctx.db.read() as s:
-            row = rewards._by_episode(s, episode_id)
-        if row is not None:
-            return rewards.to_record(row)
+        stored = rewards.by_episode(ctx.db, episode_id)
+        if stored is not None:
+            return stored
     with ctx.db.session() as s:
         got = s.execute(
             update(Episode)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from service import audit
 from service.context import ServiceContext
 from service.errors import CrucibleError, InvalidRequest, PathOutsideRoot
-from service.sandboxes import _runtime_failure, get_live
+from service.sandboxes import get_live, runtime_failure
 from service.templates import Template
 from service.tenants import Principal
 
@@ -168,7 +168,7 @@ def put(
     except CrucibleError as e:
         if isinstance(e, InvalidRequest):
             raise
-        raise _runtime_failure(ctx, principal, sandbox_id, e) from e
+        raise runtime_failure(ctx, principal, sandbox_id, e) from e
     with ctx.db.session() as s:
         audit.record(
             s,
@@ -205,7 +205,7 @@ def get(ctx: ServiceContext, principal: Principal, sandbox_id: str, *, path: str
             spool.write(chunk)
     except CrucibleError as e:
         spool.close()
-        raise _runtime_failure(ctx, principal, sandbox_id, e) from e
+        raise runtime_failure(ctx, principal, sandbox_id, e) from e
     tar_size = spool.tell()
     spool.seek(0)
     with tarfile.open(fileobj=spool, mode="r:") as t:

@@ -251,6 +251,13 @@ def _by_episode(session: Session, episode_id: str) -> RewardRecordRow | None:
     return session.execute(stmt).scalar_one_or_none()
 
 
+def by_episode(db: Database, episode_id: str) -> RewardRecord | None:
+    """The record stored for ``episode_id``, if any."""
+    with db.read() as s:
+        row = _by_episode(s, episode_id)
+        return to_record(row) if row is not None else None
+
+
 def _owned(row: RewardRecordRow, tenant_id: str) -> RewardRecordRow:
     if row.tenant_id != tenant_id:  # another tenant's episode: it does not exist for this one
         raise NotFound(f"episode {row.episode_id} not found", field="episode_id")

@@ -354,7 +354,7 @@ def _audit_exec(
         )
 
 
-def _runtime_failure(
+def runtime_failure(
     ctx: ServiceContext, principal: Principal, sandbox_id: str, e: CrucibleError
 ) -> CrucibleError:
     """A runtime error on a sandbox that ended meanwhile is a Conflict, not a 502."""
@@ -374,7 +374,7 @@ def exec_command(
         res = ctx.runtime.exec(row.container_id, req)
     except CrucibleError as e:
         _audit_exec(ctx, principal, row, req, None, error=e.detail)
-        raise _runtime_failure(ctx, principal, sandbox_id, e) from e
+        raise runtime_failure(ctx, principal, sandbox_id, e) from e
     _audit_exec(ctx, principal, row, req, res)
     return res
 
