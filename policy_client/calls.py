@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
+from service.api.rewards import RewardPage
 from service.rewards import RewardRecord
 from service.schemas import (
     EpisodeGroupOut,
@@ -16,10 +17,13 @@ from service.schemas import (
     FileOut,
     ForkOut,
     JobOut,
+    SandboxList,
     SandboxOut,
     SnapshotOut,
     TaskList,
+    TaskOut,
     TemplateOut,
+    VerifyIn,
     WorkItemOut,
 )
 
@@ -49,6 +53,16 @@ def lease(template: str, *, ttl_s: int | None = None, metadata: dict | None = No
         "/v1/sandboxes",
         json=_drop_none({"template": template, "ttl_s": ttl_s, "metadata": metadata or {}}),
         model=SandboxOut,
+    )
+
+
+def list_sandboxes(*, include_ended: bool = False) -> Call:
+    return Call(
+        "GET",
+        "/v1/sandboxes",
+        params={"include_ended": include_ended} if include_ended else {},
+        idempotent=True,
+        model=SandboxList,
     )
 
 
@@ -119,6 +133,10 @@ def tasks(suite: str | None = None) -> Call:
     )
 
 
+def get_task(suite: str, task_id: str) -> Call:
+    return Call("GET", f"/v1/tasks/{suite}/{task_id}", idempotent=True, model=TaskOut)
+
+
 def start_episodes(
     task_id: str,
     *,
@@ -151,8 +169,10 @@ def get_episode(episode_id: str) -> Call:
     return Call("GET", f"/v1/episodes/{episode_id}", idempotent=True, model=EpisodeOut)
 
 
-def verify(episode_id: str, trajectory: dict[str, Any]) -> Call:
+def verify(episode_id: str, trajectory: VerifyIn | dict[str, Any]) -> Call:
     # Verification is idempotent server-side: a repeat returns the stored record.
+    if isinstance(trajectory, VerifyIn):
+        trajectory = trajectory.model_dump(mode="json")
     return Call(
         "POST",
         f"/v1/episodes/{episode_id}/verify",
@@ -192,6 +212,11 @@ def get_job(job_id: str) -> Call:
     return Call("GET", f"/v1/jobs/{job_id}", idempotent=True, model=JobOut)
 
 
+def cancel_job(job_id: str) -> Call:
+    # Cancelling twice leaves the job cancelled: safe to retry.
+    return Call("POST", f"/v1/jobs/{job_id}/cancel", idempotent=True, model=JobOut)
+
+
 def claim(job_id: str, *, worker: str, lease_s: float = 600) -> Call:
     return Call(
         "POST",
@@ -221,11 +246,57 @@ def heartbeat_item(item_id: str, *, worker: str, lease_s: float = 600) -> Call:
     )
 
 
-def export_records(*, fmt: str = "jsonl", normalize: str = "none", **filters: Any) -> Call:
+def list_records(
+    *,
+    job_id: str | None = None,
+    suite: str | None = None,
+    domain: str | None = None,
+    task_id: str | None = None,
+    status: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> Call:
+    return Call(
+        "GET",
+        "/v1/rewards",
+        params=_drop_none(
+            {
+                "job_id": job_id,
+                "suite": suite,
+                "domain": domain,
+                "task_id": task_id,
+                "status": status,
+                "after": after,
+                "limit": limit,
+            }
+        ),
+        idempotent=True,
+        model=RewardPage,
+    )
+
+
+def export_records(
+    *,
+    fmt: str = "jsonl",
+    normalize: str = "none",
+    job_id: str | None = None,
+    suite: str | None = None,
+    domain: str | None = None,
+    task_id: str | None = None,
+) -> Call:
     return Call(
         "GET",
         "/v1/rewards/export",
-        params=_drop_none({"format": fmt, "normalize": normalize, **filters}),
+        params=_drop_none(
+            {
+                "format": fmt,
+                "normalize": normalize,
+                "job_id": job_id,
+                "suite": suite,
+                "domain": domain,
+                "task_id": task_id,
+            }
+        ),
         idempotent=True,
     )
 

@@ -4,9 +4,15 @@ pydantic schemas.
     with Client(url, api_key) as client, client.sandbox("terminal") as sb:
         print(sb.exec("ls -la").stdout)
 
-Only idempotent calls (reads, releases, heartbeats, file uploads, verification) are retried,
-on transport errors and 502/503, with exponential backoff. Problems become typed exceptions
-(``policy_client.errors``).
+    async with AsyncClient(url, api_key) as client, client.sandbox("terminal") as sb:
+        print((await sb.exec("ls -la")).stdout)
+
+Every API call is an explicit, typed method on both clients (sandboxes, tasks, episodes,
+jobs and work items, records); each builds its request with ``policy_client.calls`` so the
+two clients cannot drift (``tests/unit/test_client.py`` checks they expose the same methods
+with the same signatures). Only idempotent calls (reads, releases, heartbeats, file uploads,
+verification, cancellation) are retried, on transport errors and 502/503, with exponential
+backoff. Problems become typed exceptions (``policy_client.errors``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,24 @@ import httpx
 from policy_client import calls
 from policy_client.calls import Call
 from policy_client.errors import TransportError, raise_for_problem
-from service.schemas import ExecOut, SandboxOut
+from service.api.rewards import RewardPage
+from service.rewards import RewardRecord
+from service.schemas import (
+    EpisodeGroupOut,
+    EpisodeOut,
+    ExecOut,
+    FileOut,
+    ForkOut,
+    JobOut,
+    SandboxList,
+    SandboxOut,
+    SnapshotOut,
+    TaskList,
+    TaskOut,
+    TemplateOut,
+    VerifyIn,
+    WorkItemOut,
+)
 
 RETRY_STATUSES = (502, 503)
 
@@ -108,6 +131,15 @@ class Client(_Base):
             return self._finish(call, response)
         raise TransportError(f"{call.method} {call.path}: {last}") from last
 
+    @contextmanager
+    def sandbox(self, template: str, **lease_options: Any) -> Iterator[Sandbox]:
+        """Lease a sandbox for the ``with`` block; it is released on exit."""
+        sb = self.lease(template, **lease_options)
+        try:
+            yield Sandbox(self, sb)
+        finally:
+            self.release(sb.id)
+
     # -- sandboxes --------------------------------------------------------------------------
 
     def lease(
@@ -115,6 +147,18 @@ class Client(_Base):
     ) -> SandboxOut:
         """Lease a sandbox of ``template`` (``QuotaError`` when over quota)."""
         return self.run(calls.lease(template, ttl_s=ttl_s, metadata=metadata))
+
+    def list_sandboxes(self, *, include_ended: bool = False) -> SandboxList:
+        """The caller's sandboxes (live ones unless ``include_ended``)."""
+        return self.run(calls.list_sandboxes(include_ended=include_ended))
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxOut:
+        """One sandbox."""
+        return self.run(calls.get_sandbox(sandbox_id))
+
+    def heartbeat(self, sandbox_id: str, *, ttl_s: int | None = None) -> SandboxOut:
+        """Extend a sandbox's TTL (to ``ttl_s`` seconds from now, or its lease's TTL)."""
+        return self.run(calls.heartbeat(sandbox_id, ttl_s))
 
     def release(self, sandbox_id: str) -> SandboxOut:
         """Release (destroy) a sandbox; releasing twice is fine."""
@@ -128,25 +172,167 @@ class Client(_Base):
             calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options), timeout_s=timeout_s + 30
         )
 
-    @contextmanager
-    def sandbox(self, template: str, **lease_options: Any) -> Iterator[Sandbox]:
-        """Lease a sandbox for the ``with`` block; it is released on exit."""
-        sb = self.lease(template, **lease_options)
-        try:
-            yield Sandbox(self, sb)
-        finally:
-            self.release(sb.id)
+    def put_file(self, sandbox_id: str, path: str, data: bytes, *, tar: bool = False) -> FileOut:
+        """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
+        return self.run(calls.put_file(sandbox_id, path, data, tar=tar))
 
-    def __getattr__(self, name: str) -> Any:
-        """Every other call of ``policy_client.calls`` as a method (``client.get_job(id)``)."""
-        factory = getattr(calls, name, None)
-        if factory is None or name.startswith("_") or name in ("parse", "Call"):
-            raise AttributeError(name)
-        return lambda *a, **kw: self.run(factory(*a, **kw))
+    def get_file(self, sandbox_id: str, path: str) -> bytes:
+        """Download ``path`` (a file's bytes, or a tar of a directory)."""
+        return self.run(calls.get_file(sandbox_id, path))
+
+    def snapshot(self, sandbox_id: str) -> SnapshotOut:
+        """Snapshot a sandbox's filesystem."""
+        return self.run(calls.snapshot(sandbox_id))
+
+    def fork(self, snapshot_id: str, n: int, *, ttl_s: int | None = None) -> ForkOut:
+        """Start ``n`` sandboxes from a snapshot."""
+        return self.run(calls.fork(snapshot_id, n, ttl_s=ttl_s))
+
+    def templates(self) -> list[TemplateOut]:
+        """The sandbox templates."""
+        return self.run(calls.templates())
+
+    # -- tasks and episodes -----------------------------------------------------------------
+
+    def tasks(self, *, suite: str | None = None) -> TaskList:
+        """The tasks (of one suite, or all)."""
+        return self.run(calls.tasks(suite))
+
+    def get_task(self, suite: str, task_id: str) -> TaskOut:
+        """One task as workers see it (no tests, no solution)."""
+        return self.run(calls.get_task(suite, task_id))
+
+    def start_episodes(
+        self,
+        task_id: str,
+        *,
+        suite: str | None = None,
+        group_size: int = 1,
+        job_id: str | None = None,
+        work_item_id: str | None = None,
+        group_id: str | None = None,
+        ttl_s: int | None = None,
+    ) -> EpisodeGroupOut:
+        """Start ``group_size`` episodes of a task, forked from one prepared state."""
+        return self.run(
+            calls.start_episodes(
+                task_id,
+                suite=suite,
+                group_size=group_size,
+                job_id=job_id,
+                work_item_id=work_item_id,
+                group_id=group_id,
+                ttl_s=ttl_s,
+            )
+        )
+
+    def get_episode(self, episode_id: str) -> EpisodeOut:
+        """One episode."""
+        return self.run(calls.get_episode(episode_id))
+
+    def verify(self, episode_id: str, trajectory: VerifyIn | dict[str, Any]) -> RewardRecord:
+        """Verify an episode with its trajectory into a reward record (a repeat returns the
+        stored record)."""
+        return self.run(calls.verify(episode_id, trajectory))
+
+    # -- jobs and work items ----------------------------------------------------------------
+
+    def create_job(
+        self,
+        *,
+        suite: str,
+        policy: dict[str, str],
+        task_ids: list[str] | None = None,
+        group_size: int = 1,
+        priority: int = 0,
+        max_attempts: int = 3,
+    ) -> JobOut:
+        """Create a rollout job: ``task_ids`` (default: the whole suite) x ``group_size``."""
+        return self.run(
+            calls.create_job(
+                suite=suite,
+                policy=policy,
+                task_ids=task_ids,
+                group_size=group_size,
+                priority=priority,
+                max_attempts=max_attempts,
+            )
+        )
+
+    def get_job(self, job_id: str) -> JobOut:
+        """A job and its progress."""
+        return self.run(calls.get_job(job_id))
+
+    def cancel_job(self, job_id: str) -> JobOut:
+        """Cancel a job's queued items."""
+        return self.run(calls.cancel_job(job_id))
+
+    def claim(self, job_id: str, *, worker: str, lease_s: float = 600) -> WorkItemOut | None:
+        """Claim the job's next work item for ``lease_s`` seconds; None when none is free."""
+        return self.run(calls.claim(job_id, worker=worker, lease_s=lease_s))
+
+    def heartbeat_item(self, item_id: str, *, worker: str, lease_s: float = 600) -> WorkItemOut:
+        """Extend a claim by ``lease_s`` seconds."""
+        return self.run(calls.heartbeat_item(item_id, worker=worker, lease_s=lease_s))
+
+    def complete(
+        self, item_id: str, *, worker: str, ok: bool, error: str | None = None
+    ) -> WorkItemOut:
+        """Complete a claimed item (``ok=False`` lets the server retry it)."""
+        return self.run(calls.complete(item_id, worker=worker, ok=ok, error=error))
+
+    # -- records ----------------------------------------------------------------------------
+
+    def list_records(
+        self,
+        *,
+        job_id: str | None = None,
+        suite: str | None = None,
+        domain: str | None = None,
+        task_id: str | None = None,
+        status: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> RewardPage:
+        """One page of reward records, oldest first (``next_after`` pages on)."""
+        return self.run(
+            calls.list_records(
+                job_id=job_id,
+                suite=suite,
+                domain=domain,
+                task_id=task_id,
+                status=status,
+                after=after,
+                limit=limit,
+            )
+        )
+
+    def export_records(
+        self,
+        *,
+        fmt: str = "jsonl",
+        normalize: str = "none",
+        job_id: str | None = None,
+        suite: str | None = None,
+        domain: str | None = None,
+        task_id: str | None = None,
+    ) -> bytes:
+        """Every matching record as JSONL or Parquet bytes, with advantages per
+        ``normalize`` (none, grpo, mean, domain_z)."""
+        return self.run(
+            calls.export_records(
+                fmt=fmt,
+                normalize=normalize,
+                job_id=job_id,
+                suite=suite,
+                domain=domain,
+                task_id=task_id,
+            )
+        )
 
 
 class Sandbox:
-    """A leased sandbox bound to a sync client."""
+    """A leased sandbox bound to a sync client (``info``: its ``SandboxOut``)."""
 
     def __init__(self, client: Client, info: SandboxOut) -> None:
         self.client, self.info, self.id = client, info, info.id
@@ -155,13 +341,13 @@ class Sandbox:
         """Run a command in this sandbox."""
         return self.client.exec(self.id, cmd, **options)
 
-    def put(self, path: str, data: bytes, *, tar: bool = False) -> Any:
+    def put(self, path: str, data: bytes, *, tar: bool = False) -> FileOut:
         """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
-        return self.client.run(calls.put_file(self.id, path, data, tar=tar))
+        return self.client.put_file(self.id, path, data, tar=tar)
 
     def get(self, path: str) -> bytes:
         """Download ``path`` (a file's bytes, or a tar of a directory)."""
-        return self.client.run(calls.get_file(self.id, path))
+        return self.client.get_file(self.id, path)
 
 
 class AsyncClient(_Base):
@@ -218,6 +404,39 @@ class AsyncClient(_Base):
             return self._finish(call, response)
         raise TransportError(f"{call.method} {call.path}: {last}") from last
 
+    @asynccontextmanager
+    async def sandbox(self, template: str, **lease_options: Any) -> AsyncIterator[AsyncSandbox]:
+        """Lease a sandbox for the ``async with`` block; released on exit."""
+        sb = await self.lease(template, **lease_options)
+        try:
+            yield AsyncSandbox(self, sb)
+        finally:
+            await self.release(sb.id)
+
+    # -- sandboxes --------------------------------------------------------------------------
+
+    async def lease(
+        self, template: str, *, ttl_s: int | None = None, metadata: dict | None = None
+    ) -> SandboxOut:
+        """Lease a sandbox of ``template`` (``QuotaError`` when over quota)."""
+        return await self.run(calls.lease(template, ttl_s=ttl_s, metadata=metadata))
+
+    async def list_sandboxes(self, *, include_ended: bool = False) -> SandboxList:
+        """The caller's sandboxes (live ones unless ``include_ended``)."""
+        return await self.run(calls.list_sandboxes(include_ended=include_ended))
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxOut:
+        """One sandbox."""
+        return await self.run(calls.get_sandbox(sandbox_id))
+
+    async def heartbeat(self, sandbox_id: str, *, ttl_s: int | None = None) -> SandboxOut:
+        """Extend a sandbox's TTL (to ``ttl_s`` seconds from now, or its lease's TTL)."""
+        return await self.run(calls.heartbeat(sandbox_id, ttl_s))
+
+    async def release(self, sandbox_id: str) -> SandboxOut:
+        """Release (destroy) a sandbox; releasing twice is fine."""
+        return await self.run(calls.release(sandbox_id))
+
     async def exec(
         self, sandbox_id: str, cmd: str | list[str], *, timeout_s: float = 60.0, **options: Any
     ) -> ExecOut:
@@ -226,22 +445,183 @@ class AsyncClient(_Base):
             calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options), timeout_s=timeout_s + 30
         )
 
-    @asynccontextmanager
-    async def sandbox(self, template: str, **lease_options: Any) -> AsyncIterator[SandboxOut]:
-        """Lease a sandbox for the ``async with`` block; released on exit."""
-        sb = await self.run(calls.lease(template, **lease_options))
-        try:
-            yield sb
-        finally:
-            await self.run(calls.release(sb.id))
+    async def put_file(
+        self, sandbox_id: str, path: str, data: bytes, *, tar: bool = False
+    ) -> FileOut:
+        """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
+        return await self.run(calls.put_file(sandbox_id, path, data, tar=tar))
 
-    def __getattr__(self, name: str) -> Any:
-        """Every call of ``policy_client.calls`` as a coroutine method."""
-        factory = getattr(calls, name, None)
-        if factory is None or name.startswith("_") or name in ("parse", "Call"):
-            raise AttributeError(name)
+    async def get_file(self, sandbox_id: str, path: str) -> bytes:
+        """Download ``path`` (a file's bytes, or a tar of a directory)."""
+        return await self.run(calls.get_file(sandbox_id, path))
 
-        async def method(*a: Any, **kw: Any) -> Any:
-            return await self.run(factory(*a, **kw))
+    async def snapshot(self, sandbox_id: str) -> SnapshotOut:
+        """Snapshot a sandbox's filesystem."""
+        return await self.run(calls.snapshot(sandbox_id))
 
-        return method
+    async def fork(self, snapshot_id: str, n: int, *, ttl_s: int | None = None) -> ForkOut:
+        """Start ``n`` sandboxes from a snapshot."""
+        return await self.run(calls.fork(snapshot_id, n, ttl_s=ttl_s))
+
+    async def templates(self) -> list[TemplateOut]:
+        """The sandbox templates."""
+        return await self.run(calls.templates())
+
+    # -- tasks and episodes -----------------------------------------------------------------
+
+    async def tasks(self, *, suite: str | None = None) -> TaskList:
+        """The tasks (of one suite, or all)."""
+        return await self.run(calls.tasks(suite))
+
+    async def get_task(self, suite: str, task_id: str) -> TaskOut:
+        """One task as workers see it (no tests, no solution)."""
+        return await self.run(calls.get_task(suite, task_id))
+
+    async def start_episodes(
+        self,
+        task_id: str,
+        *,
+        suite: str | None = None,
+        group_size: int = 1,
+        job_id: str | None = None,
+        work_item_id: str | None = None,
+        group_id: str | None = None,
+        ttl_s: int | None = None,
+    ) -> EpisodeGroupOut:
+        """Start ``group_size`` episodes of a task, forked from one prepared state."""
+        return await self.run(
+            calls.start_episodes(
+                task_id,
+                suite=suite,
+                group_size=group_size,
+                job_id=job_id,
+                work_item_id=work_item_id,
+                group_id=group_id,
+                ttl_s=ttl_s,
+            )
+        )
+
+    async def get_episode(self, episode_id: str) -> EpisodeOut:
+        """One episode."""
+        return await self.run(calls.get_episode(episode_id))
+
+    async def verify(self, episode_id: str, trajectory: VerifyIn | dict[str, Any]) -> RewardRecord:
+        """Verify an episode with its trajectory into a reward record (a repeat returns the
+        stored record)."""
+        return await self.run(calls.verify(episode_id, trajectory))
+
+    # -- jobs and work items ----------------------------------------------------------------
+
+    async def create_job(
+        self,
+        *,
+        suite: str,
+        policy: dict[str, str],
+        task_ids: list[str] | None = None,
+        group_size: int = 1,
+        priority: int = 0,
+        max_attempts: int = 3,
+    ) -> JobOut:
+        """Create a rollout job: ``task_ids`` (default: the whole suite) x ``group_size``."""
+        return await self.run(
+            calls.create_job(
+                suite=suite,
+                policy=policy,
+                task_ids=task_ids,
+                group_size=group_size,
+                priority=priority,
+                max_attempts=max_attempts,
+            )
+        )
+
+    async def get_job(self, job_id: str) -> JobOut:
+        """A job and its progress."""
+        return await self.run(calls.get_job(job_id))
+
+    async def cancel_job(self, job_id: str) -> JobOut:
+        """Cancel a job's queued items."""
+        return await self.run(calls.cancel_job(job_id))
+
+    async def claim(self, job_id: str, *, worker: str, lease_s: float = 600) -> WorkItemOut | None:
+        """Claim the job's next work item for ``lease_s`` seconds; None when none is free."""
+        return await self.run(calls.claim(job_id, worker=worker, lease_s=lease_s))
+
+    async def heartbeat_item(
+        self, item_id: str, *, worker: str, lease_s: float = 600
+    ) -> WorkItemOut:
+        """Extend a claim by ``lease_s`` seconds."""
+        return await self.run(calls.heartbeat_item(item_id, worker=worker, lease_s=lease_s))
+
+    async def complete(
+        self, item_id: str, *, worker: str, ok: bool, error: str | None = None
+    ) -> WorkItemOut:
+        """Complete a claimed item (``ok=False`` lets the server retry it)."""
+        return await self.run(calls.complete(item_id, worker=worker, ok=ok, error=error))
+
+    # -- records ----------------------------------------------------------------------------
+
+    async def list_records(
+        self,
+        *,
+        job_id: str | None = None,
+        suite: str | None = None,
+        domain: str | None = None,
+        task_id: str | None = None,
+        status: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> RewardPage:
+        """One page of reward records, oldest first (``next_after`` pages on)."""
+        return await self.run(
+            calls.list_records(
+                job_id=job_id,
+                suite=suite,
+                domain=domain,
+                task_id=task_id,
+                status=status,
+                after=after,
+                limit=limit,
+            )
+        )
+
+    async def export_records(
+        self,
+        *,
+        fmt: str = "jsonl",
+        normalize: str = "none",
+        job_id: str | None = None,
+        suite: str | None = None,
+        domain: str | None = None,
+        task_id: str | None = None,
+    ) -> bytes:
+        """Every matching record as JSONL or Parquet bytes, with advantages per
+        ``normalize`` (none, grpo, mean, domain_z)."""
+        return await self.run(
+            calls.export_records(
+                fmt=fmt,
+                normalize=normalize,
+                job_id=job_id,
+                suite=suite,
+                domain=domain,
+                task_id=task_id,
+            )
+        )
+
+
+class AsyncSandbox:
+    """A leased sandbox bound to an async client (``info``: its ``SandboxOut``)."""
+
+    def __init__(self, client: AsyncClient, info: SandboxOut) -> None:
+        self.client, self.info, self.id = client, info, info.id
+
+    async def exec(self, cmd: str | list[str], **options: Any) -> ExecOut:
+        """Run a command in this sandbox."""
+        return await self.client.exec(self.id, cmd, **options)
+
+    async def put(self, path: str, data: bytes, *, tar: bool = False) -> FileOut:
+        """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
+        return await self.client.put_file(self.id, path, data, tar=tar)
+
+    async def get(self, path: str) -> bytes:
+        """Download ``path`` (a file's bytes, or a tar of a directory)."""
+        return await self.client.get_file(self.id, path)

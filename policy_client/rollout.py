@@ -6,6 +6,15 @@ complete the item (a group with an infrastructure failure is completed as failed
 server retries it a bounded number of times). Policy calls from all running episodes are
 gathered into batches (``batch_size`` requests, or whatever arrived within
 ``batch_wait_s``) and run in a worker thread, so a GPU policy sees full batches.
+
+An episode stops at the done marker (``complete``), after ``max_turns`` policy turns
+(``max_turns``), when the task's agent timeout has passed (``agent_timeout``), when the
+policy reports a full context window (``context_length``), or on a client or policy failure
+(``error``, excluded from the loss). Its record carries ``prompt_ids`` and, per turn, the
+observation tokens (``loss_mask`` 0, logprob 0.0) then the sampled tokens (``loss_mask`` 1,
+their logprobs), so ``loss_mask`` and ``rollout_logprobs`` align with ``response_ids``. Token
+lists are all or nothing: if any turn came back as text without tokens, the record has none
+(an honest "no tokens" rather than a sequence with holes).
 """
 
 from __future__ import annotations
@@ -21,7 +30,13 @@ from typing import Any
 
 from policy_client.client import AsyncClient, Client
 from policy_client.errors import ClientError, QuotaError
-from policy_client.policies.base import EpisodeContext, Policy, PolicyAction, PolicyRequest
+from policy_client.policies.base import (
+    EpisodeContext,
+    Policy,
+    PolicyAction,
+    PolicyRequest,
+    Traffic,
+)
 from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, parse_action
 from service.rewards import RewardRecord
 from service.schemas import EpisodeOut, WorkItemOut
@@ -37,6 +52,7 @@ class RolloutConfig:
     batch_wait_s: float = 0.02
     exec_timeout_s: float = 180.0
     claim_lease_s: float = 1800.0
+    traffic: Traffic = "batch"  # PolicyRequest.traffic of every request
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
 
 
@@ -197,10 +213,23 @@ class RolloutRunner:
         try:
             await asyncio.to_thread(self.policy.prepare, ctx, self.sync_client)
             for turn in range(self.config.max_turns):
+                if time.monotonic() >= deadline:
+                    stop = "agent_timeout"
+                    break
                 t0 = time.perf_counter()
-                action = await self.batcher.act(
-                    PolicyRequest(episode=ctx, messages=list(messages), turn=turn)
-                )
+                try:
+                    action = await self.batcher.act(
+                        PolicyRequest(
+                            episode=ctx,
+                            messages=list(messages),
+                            turn=turn,
+                            traffic=self.config.traffic,
+                        )
+                    )
+                except Exception as e:  # noqa: BLE001 - a policy failure ends this episode only
+                    stop = "error"
+                    traj.error = f"policy: {type(e).__name__}: {e}"
+                    break
                 traj.policy_ms += (time.perf_counter() - t0) * 1e3
                 traj.add_tokens(action)
                 if action.context_exhausted:
@@ -254,13 +283,19 @@ class RolloutRunner:
 
 @dataclass
 class _Trajectory:
-    """What an episode accumulates for its record."""
+    """What an episode accumulates for its record.
+
+    Shapes: ``prompt_ids`` (P,); ``response_ids``, ``loss_mask``, ``logprobs`` (R,) each,
+    observation tokens with mask 0 and logprob 0.0, sampled tokens with mask 1 and their
+    logprobs. ``has_tokens`` / ``has_logprobs`` turn False for good once a turn lacks them.
+    """
 
     turns: list[dict[str, Any]] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    has_tokens: bool = True
     has_logprobs: bool = True
     policy_ms: float = 0.0
     env_ms: float = 0.0
@@ -268,6 +303,8 @@ class _Trajectory:
 
     def add_tokens(self, a: PolicyAction) -> None:
         """Append a turn's tokens: observation (mask 0, logprob 0.0), then sampled (mask 1)."""
+        if a.text and not a.response_ids:
+            self.has_tokens = False  # a text-only turn: the token sequence would have a hole
         if a.prompt_ids and not self.prompt_ids:
             self.prompt_ids = list(a.prompt_ids)
         self.response_ids += a.observation_ids
@@ -275,25 +312,24 @@ class _Trajectory:
         self.logprobs += [0.0] * len(a.observation_ids)
         self.response_ids += a.response_ids
         self.loss_mask += [1] * len(a.response_ids)
-        if a.response_ids and len(a.logprobs) != len(a.response_ids):
+        if len(a.logprobs) != len(a.response_ids):
             self.has_logprobs = False
-        self.logprobs += (
-            list(a.logprobs)
-            if len(a.logprobs) == len(a.response_ids)
-            else [0.0] * len(a.response_ids)
-        )
+            self.logprobs += [0.0] * len(a.response_ids)
+        else:
+            self.logprobs += list(a.logprobs)
 
     def payload(self, policy: Policy, stop: str, queue_ms: float) -> dict[str, Any]:
         """The verify request body."""
+        tokens = self.has_tokens and bool(self.prompt_ids or self.response_ids)
         return {
             "policy": {"name": policy.name, "version": f"{policy.version}+prompt{PROMPT_VERSION}"},
             "stop_reason": stop,
             "exclude_from_loss": stop == "error",
             "turns": self.turns,
-            "prompt_ids": self.prompt_ids,
-            "response_ids": self.response_ids,
-            "loss_mask": self.loss_mask,
-            "rollout_logprobs": self.logprobs if self.has_logprobs else [],
+            "prompt_ids": self.prompt_ids if tokens else [],
+            "response_ids": self.response_ids if tokens else [],
+            "loss_mask": self.loss_mask if tokens else [],
+            "rollout_logprobs": self.logprobs if tokens and self.has_logprobs else [],
             "timing": {
                 "queue_ms": round(queue_ms, 3),
                 "policy_ms": round(self.policy_ms, 3),

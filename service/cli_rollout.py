@@ -9,6 +9,7 @@ prints a summary per task.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,6 +69,18 @@ def rollout(
         typer.Option(help="Exit 1 unless every record has this reward (task validation)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+    ray: Annotated[
+        int,
+        typer.Option(
+            "--ray",
+            min=0,
+            help="Run N runners as Ray actors (one per GPU when the cluster has GPUs); "
+            "0: one runner in this process.",
+        ),
+    ] = 0,
+    ray_address: Annotated[
+        str | None, typer.Option(help="--ray: an existing Ray cluster (default: start one).")
+    ] = None,
 ) -> None:
     """Run a suite through the service with a policy; write reward records; summarize."""
     from policy_client import calls
@@ -77,7 +90,10 @@ def rollout(
 
     suite_dir = suite.resolve()
     options = {"max_new_tokens": max_new_tokens} if policy == "torch" else {}
-    pol = make_policy(policy, suite_dir=suite_dir, model=model, **options)
+    if ray:  # the actors load the policy; the driver only names it
+        pol = _policy_identity(policy, suite_dir=suite_dir, model=model, **options)
+    else:
+        pol = make_policy(policy, suite_dir=suite_dir, model=model, **options)
     task_ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     try:
         with Client(url, api_key) as client:
@@ -120,13 +136,27 @@ def rollout(
                         )
                         return await runner.run_job(job.id)
 
-                outcomes = asyncio.run(go())
+                if ray:
+                    records = _run_on_ray(
+                        job.id,
+                        n=ray,
+                        address=ray_address,
+                        client=client,
+                        config=RolloutConfig(concurrency=concurrency, max_turns=max_turns),
+                        factory=functools.partial(
+                            make_policy, policy, suite_dir=suite_dir, model=model, **options
+                        ),
+                        on_progress=lambda j: progress.update(
+                            bar, completed=sum(j.progress["records"].values())
+                        ),
+                    )
+                else:
+                    records = [o.record for o in asyncio.run(go())]
             final = client.run(calls.get_job(job.id))
             paths = _write_records(client, job.id, out)
     except ClientError as e:
         err_console.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
-    records = [o.record for o in outcomes]
     summary = _summary(records, final, paths)
     if as_json:
         _print_json(summary)
@@ -148,6 +178,48 @@ def rollout(
                 f"{missing} episodes missing[/]: " + ", ".join(sorted({r.task_id for r in wrong}))
             )
             raise typer.Exit(1)
+
+
+def _policy_identity(name: str, *, suite_dir: Path, model: Path | None, **options: Any) -> Any:
+    """``name``/``version`` of the policy ``make_policy`` would build, without loading it."""
+    from types import SimpleNamespace
+
+    if name == "torch":
+        if model is None:
+            raise typer.BadParameter("--policy torch needs --model PATH", param_hint="--model")
+        from policy_client.policies.torch_policy import policy_version
+
+        return SimpleNamespace(name=model.resolve().name, version=policy_version(**options))
+    return make_policy(name, suite_dir=suite_dir, model=model, **options)
+
+
+def _run_on_ray(
+    job_id: str,
+    *,
+    n: int,
+    address: str | None,
+    client: Any,
+    config: Any,
+    factory: Any,
+    on_progress: Any,
+) -> list[Any]:
+    """``--ray N``: the job's records from N Ray actors (``policy_client.ray_runner``)."""
+    from policy_client.ray_runner import RayUnavailable, run_job_on_ray
+
+    try:
+        return run_job_on_ray(
+            job_id,
+            policy_factory=factory,
+            n=n,
+            url=client.base_url,
+            api_key=client.api_key,
+            config=config,
+            address=address,
+            on_progress=on_progress,
+        )
+    except (RayUnavailable, ValueError) as e:
+        err_console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
 
 
 def _write_records(client: Any, job_id: str, out: Path) -> dict[str, str]:

@@ -11,7 +11,9 @@ sampled ``response_ids`` (loss mask 1) with their ``logprobs``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Traffic = Literal["batch", "interactive"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,17 +33,32 @@ class PolicyRequest:
     """One episode waiting for an action.
 
     ``messages`` is the chat so far (``system``, ``user`` instruction, then alternating
-    ``assistant`` actions and ``user`` observations); ``turn`` counts from 0.
+    ``assistant`` actions and ``user`` observations); ``turn`` counts from 0. ``traffic``
+    says who waits for the answer: ``batch`` (a rollout job: throughput matters) or
+    ``interactive`` (a person or a live evaluation: latency matters); a router
+    (``RoutedPolicy``) may send the two to different endpoints.
     """
 
     episode: EpisodeContext
     messages: list[dict[str, str]]
     turn: int
+    traffic: Traffic = "batch"
 
 
 @dataclass(kw_only=True)
 class PolicyAction:
-    """A policy's answer. ``text`` is the raw model output (parsed by ``prompt.parse_action``)."""
+    """A policy's answer. ``text`` is the raw model output (parsed by ``prompt.parse_action``).
+
+    Token ids are in the policy's tokenizer. ``prompt_ids`` (first turn only): the rendered
+    prompt. ``observation_ids`` (later turns): every token appended to the context between
+    the previous reply's last sampled token and this reply's first (the template's end of
+    turn, the observation turn, the next assistant header). ``response_ids``: the sampled
+    tokens, ``logprobs`` one natural-log probability per sampled token (the policy's
+    docstring says under which distribution). Concatenated over an episode,
+    ``prompt_ids + (observation_ids + response_ids)...`` is the exact sequence the model saw.
+    A policy without tokens returns text only (all lists empty). ``context_exhausted``:
+    the context window is full, the episode must stop (stop reason ``context_length``).
+    """
 
     text: str
     prompt_ids: list[int] = field(default_factory=list)  # first turn only
