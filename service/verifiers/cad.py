@@ -1,0 +1,703 @@
+"""The CAD-domain verifier: measure the part the agent exported against the task's reference
+mesh, and render both to compare silhouettes.
+
+Flow (nothing ever runs in the agent's sandbox):
+
+1. A container is created from the episode's end-state snapshot; the output file named by
+   the task (``[crucible.settings] output``) is read engine-side (``get_archive``, symbolic
+   links followed engine-side too); the container is disposed of.
+2. **Gate** ("must build"): the file exists, is a regular file of at most
+   ``max_file_bytes``, parses as the stated ``format`` (STL or OBJ), holds at most
+   ``max_triangles`` triangles, and bounds a closed solid (watertight, consistently wound,
+   non-zero volume, accepted by manifold3d). A failed gate is the agent's outcome:
+   ``status=ok``, reward 0, the reason in ``details["gate"]``.
+3. **Measures** (``service.verifiers.geometry``; lengths in mm, the tasks' unit):
+   volumetric IoU (exact booleans, absolute coordinates), surface deviation (two-sided
+   Hausdorff estimate, 2048 seeded samples each way, exact point-to-surface distances),
+   Chamfer distance as CAD-Recode computes it (unit-box normalized, 8192 points, seed 0),
+   relative volume error and the largest bounding-box deviation in mm.
+4. **Render check**: a fresh sandbox from the episode's pristine image (the task image on
+   ``crucible/cad``, which the agent could not modify) receives both meshes; Blender
+   renders each from three fixed orthographic cameras (top, front, right; framed on the
+   reference's bounding box, 128 px; see ``blender_silhouettes``) and the PNGs are read
+   engine-side. ``silhouette`` is the lowest of the three per-view silhouette IoUs.
+5. **Reward** = weighted sum of per-measure scores in [0, 1], rounded to 6 decimals:
+
+   ============ ====== ===================================== ============ ============
+   component    weight measure                               full credit  zero credit
+   ============ ====== ===================================== ============ ============
+   iou          0.30   volumetric IoU                        >= 0.99      <= 0.90
+   surface      0.30   surface deviation (mm)                <= 0.1       >= 1.0
+   chamfer      0.10   CAD-Recode Chamfer distance           <= 1e-3      >= 2e-2 (log)
+   silhouette   0.10   worst of 3 silhouette IoUs            >= 0.99      <= 0.90
+   volume       0.10   abs(V - V_ref) / V_ref                <= 0.01      >= 0.10
+   bbox         0.10   max abs bound difference (mm)         <= 0.1       >= 1.0
+   ============ ====== ===================================== ============ ============
+
+   Between the bounds a score is linear (the Chamfer score linear in log distance). A task
+   may move any bound in ``[crucible.settings]`` (``iou_full``, ``iou_zero``, ...). With
+   ``render = false`` the silhouette weight is shared out over the others in proportion.
+   The full-credit bounds sit above the noise of an honest re-modelling (circles of 32 to
+   128 segments against the reference's 64: at most 0.5 % IoU, 0.6 % volume, 0.05 mm of
+   surface deviation at r = 10 mm; two tessellations of one shape sample to a Chamfer
+   distance of about 5e-4); an exact reproduction scores exactly 1.0. The global measures
+   (IoU, Chamfer, volume, silhouettes) barely see a small feature on a large part (a plate
+   missing one of four 6 mm holes keeps an IoU of 0.993); the surface deviation sees it
+   (3 mm) and carries the weight that keeps such a part below a 0.95 pass threshold.
+
+``components`` holds each score (``iou``, ``surface``, ``chamfer``, ``silhouette``,
+``volume``, ``bbox``) and each raw measure (``iou_value``, ``surface_deviation_mm``,
+``chamfer_value``, ``silhouette_value``, ``volume_rel_error``, ``bbox_deviation_mm``) plus
+``gate`` (1.0 passed, 0.0 failed). The surface deviation is not computed (and reported as
+the bounding-box deviation, its lower bound) when that alone already scores 0.
+
+Infrastructure failures (engine errors, a Blender crash, unreadable PNGs, a missing or
+broken reference) are ``status=error`` with reward None; a render past its time limit is
+``status=timeout``. Never a silent 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import posixpath
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import trimesh
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from service.errors import CrucibleError, NotFound
+from service.ids import new_id
+from service.pool import spec_for
+from service.runtime.base import ExecRequest, SandboxRuntime
+from service.tasks.models import Task
+from service.templates import Template
+from service.verifiers import geometry
+from service.verifiers.base import VerifierResult
+from service.verifiers.registry import EndState, register
+
+NAME = "cad"
+VERSION = "1"
+
+#: Weights of the component scores (sum 1).
+WEIGHTS: dict[str, float] = {
+    "iou": 0.30,
+    "surface": 0.30,
+    "chamfer": 0.10,
+    "silhouette": 0.10,
+    "volume": 0.10,
+    "bbox": 0.10,
+}
+#: The render check's cameras: unit direction from the frame centre to the camera, the
+#: camera's Euler rotation (XYZ, radians; a Blender camera looks down its local -Z), and
+#: the two world axes the view sees (for framing).
+VIEWS: dict[str, tuple[tuple[float, float, float], tuple[float, float, float], tuple[int, int]]] = {
+    "top": ((0.0, 0.0, 1.0), (0.0, 0.0, 0.0), (0, 1)),
+    "front": ((0.0, -1.0, 0.0), (math.pi / 2, 0.0, 0.0), (0, 2)),
+    "right": ((1.0, 0.0, 0.0), (math.pi / 2, 0.0, math.pi / 2), (1, 2)),
+}
+FRAME_MARGIN = 1.1  # ortho scale = margin x the reference's larger visible extent
+RENDER_DIR = "/render"
+RENDER_SCRIPT = Path(__file__).with_name("blender_silhouettes.py")
+MAX_SYMLINKS = 8
+MAX_PNG_BYTES = 4 << 20
+
+
+class CadSettings(BaseModel):
+    """``[crucible.settings]`` of a CAD task.
+
+    ``output``: absolute path of the file the agent must write; ``format``: ``stl`` or
+    ``obj``; ``units``: ``mm`` (coordinates in the file are millimetres); ``reference``:
+    the reference mesh's file name in the task's ``tests/`` (same format rules; default
+    ``reference.<format>``). ``*_full`` / ``*_zero``: the score bounds of each measure (see
+    the module docstring); ``render``: run the silhouette check; ``render_px``: silhouette
+    resolution; ``render_timeout_s``: Blender's time limit in seconds;
+    ``max_file_bytes`` / ``max_triangles``: gate limits on the agent's file.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output: str = Field(pattern=r"^/[^\x00]+$")
+    format: Literal["stl", "obj"]
+    units: Literal["mm"] = "mm"
+    reference: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    iou_full: float = Field(0.99, gt=0, le=1)
+    iou_zero: float = Field(0.90, ge=0, lt=1)
+    surface_full_mm: float = Field(0.1, ge=0)
+    surface_zero_mm: float = Field(1.0, gt=0)
+    chamfer_full: float = Field(1e-3, gt=0)
+    chamfer_zero: float = Field(2e-2, gt=0)
+    silhouette_full: float = Field(0.99, gt=0, le=1)
+    silhouette_zero: float = Field(0.90, ge=0, lt=1)
+    volume_full: float = Field(0.01, ge=0)
+    volume_zero: float = Field(0.10, gt=0)
+    bbox_full_mm: float = Field(0.1, ge=0)
+    bbox_zero_mm: float = Field(1.0, gt=0)
+    render: bool = True
+    render_px: int = Field(128, ge=16, le=1024)
+    render_timeout_s: float = Field(60.0, gt=0)
+    max_file_bytes: int = Field(32 << 20, gt=0)
+    max_triangles: int = Field(500_000, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CadSettings:
+        for name in ("iou", "silhouette"):
+            if getattr(self, f"{name}_zero") >= getattr(self, f"{name}_full"):
+                raise ValueError(f"{name}_zero must be below {name}_full")
+        for name in ("surface", "chamfer", "volume", "bbox"):
+            suffix = "_mm" if name in ("surface", "bbox") else ""
+            if getattr(self, f"{name}_full{suffix}") >= getattr(self, f"{name}_zero{suffix}"):
+                raise ValueError(f"{name}_full{suffix} must be below {name}_zero{suffix}")
+        return self
+
+    @property
+    def reference_name(self) -> str:
+        """The reference file's name in ``tests/``."""
+        return self.reference or f"reference.{self.format}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CadCheck:
+    """What one task asks of the verifier: its settings, the reference file (host side) and
+    the reward at or above which an episode counts as passed."""
+
+    settings: CadSettings
+    reference_path: Path
+    pass_threshold: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measures:
+    """The geometric measures of a result against its reference (see ``geometry``).
+
+    Volumes in mm^3, lengths in mm, ``chamfer`` in squared units of the normalized cube.
+    ``surface_deviation_mm`` is the bounding-box deviation (its lower bound) when
+    ``surface_skipped``.
+    """
+
+    iou: float
+    surface_deviation_mm: float
+    chamfer: float
+    volume: float
+    reference_volume: float
+    volume_rel_error: float
+    bbox_deviation_mm: float
+    bbox: list[list[float]]
+    reference_bbox: list[list[float]]
+    surface_skipped: bool = False
+
+
+class VerifierFailure(Exception):
+    """An infrastructure failure of the verifier (``status`` error or timeout)."""
+
+    def __init__(self, reason: str, *, status: Literal["error", "timeout"] = "error") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def check_for(task: Task) -> CadCheck:
+    """The CAD check of ``task`` (``VerifierFailure`` when its settings are invalid)."""
+    try:
+        settings = CadSettings.model_validate(task.verifier_settings)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(settings)"
+        raise VerifierFailure(
+            f"task {task.key}: [crucible.settings] {where}: {first['msg']}"
+        ) from None
+    if task.tests_dir is None:
+        raise VerifierFailure(f"task {task.key} has no tests/ folder with a reference mesh")
+    return CadCheck(
+        settings=settings,
+        reference_path=task.tests_dir / settings.reference_name,
+        pass_threshold=task.pass_threshold,
+    )
+
+
+# --------------------------------------------------------------------------- reference meshes
+
+_REFERENCES: dict[tuple[str, int, int], trimesh.Trimesh] = {}
+_REFERENCES_LOCK = threading.Lock()
+
+
+def load_reference(path: Path, fmt: geometry.MeshFormat) -> trimesh.Trimesh:
+    """The reference mesh at ``path`` (cached by path, mtime and size); its format is its
+    suffix (``.stl``, ``.obj``), else ``fmt``.
+
+    Raises ``VerifierFailure`` when it is missing, does not parse or is not a closed solid
+    (a broken task, never the agent's fault).
+    """
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise VerifierFailure(f"reference mesh {path} is unreadable: {e.strerror}") from None
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _REFERENCES_LOCK:
+        cached = _REFERENCES.get(key)
+    if cached is not None:
+        return cached
+    suffix = path.suffix.lower().lstrip(".")
+    file_format: geometry.MeshFormat = (
+        "obj" if suffix == "obj" else "stl" if suffix == "stl" else fmt
+    )
+    try:
+        mesh = geometry.load_mesh(path.read_bytes(), file_format)
+        gated = geometry.gate(mesh)
+        if gated.reason is None:
+            geometry.solid(gated.mesh)
+    except geometry.MeshError as e:
+        raise VerifierFailure(f"reference mesh {path.name} is broken: {e}") from None
+    if gated.reason is not None or gated.inverted:
+        raise VerifierFailure(f"reference mesh {path.name} is not a closed solid")
+    with _REFERENCES_LOCK:
+        _REFERENCES[key] = gated.mesh
+    return gated.mesh
+
+
+# --------------------------------------------------------------------------- reading the output
+
+
+def read_output(
+    runtime: SandboxRuntime, container_id: str, path: str, *, max_bytes: int
+) -> tuple[bytes | None, str | None]:
+    """``(content, None)`` of the regular file at ``path`` in the container, read engine-side,
+    or ``(None, reason)`` when there is none the agent could be scored on (missing, a
+    directory, too large, a link loop). Symbolic links are followed (at most 8).
+
+    Raises ``CrucibleError`` for engine failures.
+    """
+    current = posixpath.normpath(path)
+    for _ in range(MAX_SYMLINKS + 1):
+        try:
+            chunks = runtime.get_archive(container_id, current)
+        except NotFound:
+            return None, f"no file at {path}" + (f" (link to {current})" if current != path else "")
+        data = _read_capped(chunks, max_bytes + (64 << 10))
+        if data is None:
+            return None, f"{path} is larger than {max_bytes} bytes"
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            if member is None:
+                return None, f"no file at {path}"
+            if member.issym():
+                target = member.linkname
+                base = posixpath.dirname(current)
+                current = posixpath.normpath(posixpath.join(base, target))
+                continue
+            if member.isdir():
+                return None, f"{path} is a directory, not a file"
+            if not member.isfile():
+                return None, f"{path} is not a regular file"
+            if member.size > max_bytes:
+                return None, f"{path} is larger than {max_bytes} bytes"
+            fh = tar.extractfile(member)
+            return (fh.read() if fh else b""), None
+    return None, f"{path}: more than {MAX_SYMLINKS} symbolic links"
+
+
+def _read_capped(chunks: Iterator[bytes], cap: int) -> bytes | None:
+    buf = bytearray()
+    try:
+        for chunk in chunks:
+            buf += chunk
+            if len(buf) > cap:
+                return None
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    return bytes(buf)
+
+
+# --------------------------------------------------------------------------- measures and score
+
+
+def measure(
+    result: trimesh.Trimesh, reference: trimesh.Trimesh, *, surface_zero_mm: float = math.inf
+) -> Measures:
+    """Every geometric measure of a gated ``result`` against ``reference``.
+
+    The surface deviation is skipped when the bounding boxes already differ by
+    ``surface_zero_mm`` or more (it cannot be smaller, and far-off meshes make the
+    point-to-surface queries needlessly expensive).
+    """
+    v, v_ref = geometry.volume(result), geometry.volume(reference)
+    bbox_dev = geometry.bbox_deviation(result, reference)
+    skipped = bbox_dev >= surface_zero_mm
+    return Measures(
+        iou=geometry.volumetric_iou(result, reference),
+        surface_deviation_mm=bbox_dev if skipped else geometry.surface_deviation(result, reference),
+        chamfer=geometry.chamfer_distance(result, reference),
+        volume=v,
+        reference_volume=v_ref,
+        volume_rel_error=geometry.relative_volume_error(v, v_ref),
+        bbox_deviation_mm=bbox_dev,
+        bbox=geometry.bounding_box(result).round(6).tolist(),
+        reference_bbox=geometry.bounding_box(reference).round(6).tolist(),
+        surface_skipped=skipped,
+    )
+
+
+def score(
+    measures: Measures, silhouette: float | None, settings: CadSettings
+) -> tuple[float, dict[str, float]]:
+    """``(reward, components)`` from the measures and the worst silhouette IoU (None when
+    the render check is off: its weight is shared out over the others in proportion)."""
+    s = settings
+    scores = {
+        "iou": geometry.ramp_up(measures.iou, full=s.iou_full, zero=s.iou_zero),
+        "surface": geometry.ramp_down(
+            measures.surface_deviation_mm, full=s.surface_full_mm, zero=s.surface_zero_mm
+        ),
+        "chamfer": geometry.log_ramp_down(
+            measures.chamfer, full=s.chamfer_full, zero=s.chamfer_zero
+        ),
+        "volume": geometry.ramp_down(
+            measures.volume_rel_error, full=s.volume_full, zero=s.volume_zero
+        ),
+        "bbox": geometry.ramp_down(
+            measures.bbox_deviation_mm, full=s.bbox_full_mm, zero=s.bbox_zero_mm
+        ),
+    }
+    raw = {
+        "iou_value": measures.iou,
+        "surface_deviation_mm": measures.surface_deviation_mm,
+        "chamfer_value": measures.chamfer,
+        "volume_rel_error": measures.volume_rel_error,
+        "bbox_deviation_mm": measures.bbox_deviation_mm,
+    }
+    if silhouette is not None:
+        scores["silhouette"] = geometry.ramp_up(
+            silhouette, full=s.silhouette_full, zero=s.silhouette_zero
+        )
+        raw["silhouette_value"] = silhouette
+    total_weight = sum(WEIGHTS[k] for k in scores)
+    reward = sum(WEIGHTS[k] * v for k, v in scores.items()) / total_weight
+    reward = round(min(1.0, max(0.0, reward)), 6)
+    return reward, {"gate": 1.0, **scores, **raw}
+
+
+# --------------------------------------------------------------------------- render check
+
+
+def render_job(reference: trimesh.Trimesh, *, resolution_px: int) -> dict[str, Any]:
+    """The camera set-up of the render check, framed on ``reference``'s bounding box: each
+    view's camera sits 10 extents from the box centre; its ortho scale is ``FRAME_MARGIN``
+    times the larger extent the view sees."""
+    lo, hi = geometry.bounding_box(reference)
+    centre, extent = (lo + hi) / 2.0, hi - lo
+    reach = float(max(extent.max(), 1e-6))
+    distance = 10.0 * reach
+    views = {}
+    for name, (direction, rotation, (ax, ay)) in VIEWS.items():
+        views[name] = {
+            "location": (centre + distance * np.asarray(direction)).tolist(),
+            "rotation": list(rotation),
+            "ortho_scale": FRAME_MARGIN * float(max(extent[ax], extent[ay], 1e-6)),
+        }
+    return {
+        "views": views,
+        "resolution_px": resolution_px,
+        "clip_end": 2.0 * distance + 1000.0 * reach,
+    }
+
+
+def _npz(mesh: trimesh.Trimesh) -> bytes:
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        vertices=np.asarray(mesh.vertices, dtype=np.float64),
+        faces=np.asarray(mesh.faces, dtype=np.int32),
+    )
+    return buf.getvalue()
+
+
+def _render_tar(meshes: Mapping[str, trimesh.Trimesh], job: dict[str, Any]) -> bytes:
+    files: dict[str, bytes] = {f"{name}.npz": _npz(m) for name, m in meshes.items()}
+    job = {
+        **job,
+        "meshes": {name: f"{RENDER_DIR}/{name}.npz" for name in meshes},
+        "out_dir": f"{RENDER_DIR}/out",
+    }
+    files["job.json"] = json.dumps(job).encode()
+    files["silhouettes.py"] = RENDER_SCRIPT.read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        d = tarfile.TarInfo(RENDER_DIR.strip("/"))
+        d.type, d.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(d)
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"{RENDER_DIR.strip('/')}/{name}")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def decode_masks(tar_bytes: bytes) -> dict[str, np.ndarray]:
+    """``{<mesh>_<view>: boolean mask}`` from a tar of the render's PNGs (alpha > 127)."""
+    from PIL import Image
+
+    masks: dict[str, np.ndarray] = {}
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        for member in tar:
+            name = posixpath.basename(member.name)
+            if not (member.isfile() and name.endswith(".png") and member.size <= MAX_PNG_BYTES):
+                continue
+            fh = tar.extractfile(member)
+            if fh is None:
+                continue
+            with Image.open(io.BytesIO(fh.read())) as img:
+                alpha = np.asarray(img.convert("RGBA"))[..., 3]
+            masks[name[: -len(".png")]] = alpha > 127
+    return masks
+
+
+def render_silhouettes(
+    runtime: SandboxRuntime,
+    container_id: str,
+    *,
+    result: trimesh.Trimesh,
+    reference: trimesh.Trimesh,
+    settings: CadSettings,
+) -> dict[str, float]:
+    """Render both meshes in ``container_id`` (a fresh sandbox of the pristine task image,
+    made and disposed of by the caller) and return the silhouette IoU of each view.
+
+    Raises ``VerifierFailure`` (Blender failed or timed out, PNGs missing) or
+    ``CrucibleError`` (engine).
+    """
+    job = render_job(reference, resolution_px=settings.render_px)
+    tar = _render_tar({"result": result, "reference": reference}, job)
+    runtime.put_archive(container_id, "/", tar)
+    res = runtime.exec(
+        container_id,
+        ExecRequest(
+            cmd=[
+                "blender",
+                "-b",
+                "--factory-startup",
+                "--python-exit-code",
+                "1",
+                "--python",
+                f"{RENDER_DIR}/silhouettes.py",
+                "--",
+                f"{RENDER_DIR}/job.json",
+            ],
+            cwd=RENDER_DIR,
+            timeout_s=settings.render_timeout_s,
+            user="0",
+            max_output_bytes=16 << 10,
+        ),
+    )
+    tail = (res.stdout[-1500:] + res.stderr[-1500:]).decode("utf-8", "replace")
+    if res.timed_out:
+        raise VerifierFailure(
+            f"the render check exceeded {settings.render_timeout_s} s", status="timeout"
+        )
+    if res.exit_code != 0:
+        raise VerifierFailure(
+            f"Blender exited with status {res.exit_code} in the render check: {tail}"
+        )
+    try:
+        data = b"".join(runtime.get_archive(container_id, f"{RENDER_DIR}/out"))
+    except NotFound:
+        raise VerifierFailure(f"the render check wrote no images: {tail}") from None
+    masks = decode_masks(data)
+    ious = {}
+    for view in VIEWS:
+        a, b = masks.get(f"result_{view}"), masks.get(f"reference_{view}")
+        if a is None or b is None:
+            raise VerifierFailure(f"the render check did not produce the {view} view")
+        ious[view] = geometry.silhouette_iou(a, b)
+    return ious
+
+
+# --------------------------------------------------------------------------- the verifier
+
+
+@dataclass
+class _Clock:
+    marks: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.marks[name] = round((time.perf_counter() - t0) * 1e3, 1)
+
+
+def verify(
+    runtime: SandboxRuntime,
+    check: CadCheck,
+    *,
+    snapshot_image: str,
+    pristine_image: str,
+    template: Template,
+    deployment: str,
+    dispose: Callable[[str], object] | None = None,
+) -> VerifierResult:
+    """Verify the end state ``snapshot_image`` against ``check`` (module docstring).
+
+    ``pristine_image`` is the image the render sandbox starts from; ``dispose`` removes the
+    verifier's containers (default ``runtime.destroy`` inline).
+    """
+    t0 = time.perf_counter()
+    dispose = dispose or runtime.destroy
+    settings = check.settings
+    clock = _Clock()
+    details: dict[str, Any] = {"output": settings.output, "format": settings.format}
+
+    def done(
+        status: Literal["ok", "error", "timeout"],
+        reward: float | None,
+        components: dict[str, float] | None = None,
+        **extra: Any,
+    ) -> VerifierResult:
+        return VerifierResult(
+            name=NAME,
+            version=VERSION,
+            status=status,
+            reward=reward,
+            components=components or {},
+            details={**details, **extra, "timing_ms": clock.marks},
+            duration_ms=(time.perf_counter() - t0) * 1e3,
+        )
+
+    created: list[str] = []  # every container made here; disposed of at the end
+
+    def create(image: str, prefix: str) -> str:
+        cid = runtime.create(spec_for(template, new_id(prefix), deployment, image=image))
+        created.append(cid)
+        return cid
+
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="crucible-cad")
+    try:
+        # The render sandbox starts while the output is read (it needs nothing from it).
+        render_box = None
+        if settings.render:
+            render_box = pool.submit(_timed, create, pristine_image, "vr")
+        with clock.time("reference"):
+            reference = load_reference(check.reference_path, settings.format)
+        with clock.time("read"):
+            cid = create(snapshot_image, "vf")
+            data, problem = read_output(
+                runtime, cid, settings.output, max_bytes=settings.max_file_bytes
+            )
+        with clock.time("gate"):
+            result, problem, gate_details = _gate(data, problem, settings)
+        details.update(gate_details)
+        if result is None:
+            return done("ok", 0.0, {"gate": 0.0}, gate=problem, passed=False)
+        render = None
+        if render_box is not None:
+            render_cid, clock.marks["render_sandbox"] = render_box.result()
+            render = pool.submit(
+                _timed,
+                render_silhouettes,
+                runtime,
+                render_cid,
+                result=result,
+                reference=reference,
+                settings=settings,
+            )
+        with clock.time("measure"):
+            measures = measure(result, reference, surface_zero_mm=settings.surface_zero_mm)
+        silhouettes = None
+        if render is not None:
+            silhouettes, clock.marks["render"] = render.result()
+        worst = min(silhouettes.values()) if silhouettes else None
+        reward, components = score(measures, worst, settings)
+        return done(
+            "ok",
+            reward,
+            components,
+            measures={
+                **measures.__dict__,
+                "chamfer_x1e3": measures.chamfer * 1e3,
+                "silhouette_iou": silhouettes,
+            },
+            weights=WEIGHTS,
+            passed=reward >= check.pass_threshold,
+        )
+    except VerifierFailure as e:
+        return done(e.status, None, reason=e.reason)
+    except CrucibleError as e:
+        return done("error", None, reason=f"verifier infrastructure failed: {e.detail}")
+    except Exception as e:  # a verifier bug must never become a reward
+        return done("error", None, reason=f"the CAD verifier failed: {type(e).__name__}: {e}")
+    finally:
+        pool.shutdown(wait=True)
+        for container in created:
+            dispose(container)
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, round((time.perf_counter() - t0) * 1e3, 1)
+
+
+def _gate(
+    data: bytes | None, problem: str | None, settings: CadSettings
+) -> tuple[trimesh.Trimesh | None, str | None, dict[str, Any]]:
+    """The gated result mesh, or None and the reason the agent's file scores 0."""
+    if data is None:
+        return None, problem, {}
+    try:
+        mesh = geometry.load_mesh(data, settings.format)
+    except geometry.MeshError as e:
+        return None, f"{settings.output}: {e}", {"file_bytes": len(data)}
+    facts: dict[str, Any] = {"file_bytes": len(data), "triangles": int(len(mesh.faces))}
+    if len(mesh.faces) > settings.max_triangles:
+        return (
+            None,
+            f"{len(mesh.faces)} triangles exceed the limit of {settings.max_triangles}",
+            facts,
+        )
+    gated = geometry.gate(mesh)
+    if gated.reason is not None:
+        return None, gated.reason, facts
+    try:
+        geometry.solid(gated.mesh)
+    except geometry.MeshError as e:
+        return None, str(e), facts
+    facts["inverted_normals"] = gated.inverted
+    return gated.mesh, None, facts
+
+
+def verify_episode(task: Task, end: EndState) -> VerifierResult:
+    """Registry entry: verify ``task``'s end state against its reference mesh."""
+    try:
+        check = check_for(task)
+    except VerifierFailure as e:
+        return VerifierResult(
+            name=NAME, version=VERSION, status="error", reward=None, details={"reason": e.reason}
+        )
+    return verify(
+        end.runtime,
+        check,
+        snapshot_image=end.snapshot_image,
+        pristine_image=end.pristine_image,
+        template=end.template,
+        deployment=end.deployment,
+        dispose=end.dispose,
+    )
+
+
+register(NAME, verify_episode)

@@ -1,0 +1,188 @@
+"""The CAD domain end to end through the API and the real engine: for every bundled CAD task
+the oracle scores 1.0 and a no-op 0.0; broken outputs are gated to 0 with a reason; near
+misses earn partial credit; a crashing render check is an error, never a 0."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trimesh
+
+from service.tasks.loader import load_suite
+from service.verifiers import cad
+from tests.integration.api.conftest import Stack, start_stack
+from tests.integration.api.test_sandboxes_api import run
+
+pytestmark = pytest.mark.docker
+
+TASKS_DIR = Path(__file__).resolve().parents[3] / "tasks" / "cad"
+CAD_TASKS = sorted(t.id for t in load_suite(TASKS_DIR))
+TRAJ = {"policy": {"name": "test", "version": "1"}}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from start_stack(tmp_path_factory.mktemp("cad"), pool_targets={})
+
+
+def start(stack: Stack, task: str) -> dict[str, Any]:
+    r = stack.alice.post("/v1/episodes", json={"task_id": task, "suite": "cad"})
+    assert r.status_code == 201, r.text
+    return r.json()["episodes"][0]
+
+
+def run_oracle(stack: Stack, ep: dict[str, Any], task: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(str(TASKS_DIR / task / "solution"), arcname=".")
+    r = stack.alice.put(
+        f"/v1/sandboxes/{ep['sandbox_id']}/files",
+        params={"path": "/solution"},
+        content=buf.getvalue(),
+        headers={"content-type": "application/x-tar"},
+    )
+    assert r.status_code == 200, r.text
+    out = run(stack.alice, ep["sandbox_id"], "bash /solution/solve.sh", cwd=ep["workdir"])
+    assert out["exit_code"] == 0, (out["stdout"], out["stderr"])
+
+
+def upload(stack: Stack, ep: dict[str, Any], path: str, data: bytes) -> None:
+    r = stack.alice.put(
+        f"/v1/sandboxes/{ep['sandbox_id']}/files", params={"path": path}, content=data
+    )
+    assert r.status_code == 200, r.text
+
+
+def verify(stack: Stack, ep: dict[str, Any]) -> dict[str, Any]:
+    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def reference(task: str) -> trimesh.Trimesh:
+    suffix = "obj" if (TASKS_DIR / task / "tests" / "reference.obj").exists() else "stl"
+    data = (TASKS_DIR / task / "tests" / f"reference.{suffix}").read_bytes()
+    return trimesh.load(io.BytesIO(data), file_type=suffix, force="mesh")
+
+
+def test_cad_tasks_are_listed(stack: Stack) -> None:
+    body = stack.alice.get("/v1/tasks", params={"suite": "cad"}).json()
+    assert body["errors"] == []
+    assert sorted(t["id"] for t in body["tasks"]) == CAD_TASKS and len(CAD_TASKS) >= 10
+    assert all(t["domain"] == "cad" for t in body["tasks"])
+    assert "reference.stl" not in str(body) and "build.py" not in str(body)
+
+
+@pytest.mark.parametrize("task", CAD_TASKS)
+def test_oracle_scores_one_and_noop_zero(stack: Stack, task: str) -> None:
+    ep = start(stack, task)
+    t0 = time.perf_counter()
+    run_oracle(stack, ep, task)
+    oracle_s = time.perf_counter() - t0
+    rec = verify(stack, ep)
+    verifier = rec["verifier"]
+    assert (rec["reward"], verifier["status"]) == (1.0, "ok"), verifier
+    assert {k: rec["reward_components"][k] for k in cad.WEIGHTS} == dict.fromkeys(cad.WEIGHTS, 1.0)
+    assert verifier["details"]["passed"] is True
+    assert set(verifier["details"]["measures"]["silhouette_iou"]) == {"top", "front", "right"}
+    # Budget: the oracle plus verification stay well under 10 s on an idle machine; allow
+    # for a loaded CI box.
+    assert oracle_s + rec["timing"]["verify_ms"] / 1e3 < 30, (oracle_s, rec["timing"])
+
+    noop = start(stack, task)
+    rec0 = verify(stack, noop)
+    assert (rec0["reward"], rec0["verifier"]["status"]) == (0.0, "ok")
+    assert rec0["reward_components"] == {"gate": 0.0}
+    assert rec0["verifier"]["details"]["gate"].startswith("no file at /app/out/")
+
+
+def ascii_stl(mesh: trimesh.Trimesh) -> bytes:
+    return mesh.export(file_type="stl_ascii").encode()
+
+
+def test_broken_outputs_score_zero_with_a_reason(stack: Stack) -> None:
+    task, out = "plate-four-holes", "/app/out/plate.stl"
+    open_plate = reference(task)
+    open_plate.update_faces(np.arange(len(open_plate.faces)) != 0)
+    cases = {
+        "not watertight": ascii_stl(open_plate),
+        "STL file": b"this is not a mesh\n" * 3,
+        "is a directory": None,
+    }
+    for reason, data in cases.items():
+        ep = start(stack, task)
+        if data is None:
+            run(stack.alice, ep["sandbox_id"], f"mkdir -p {out}")
+        else:
+            upload(stack, ep, out, data)
+        rec = verify(stack, ep)
+        assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+        assert reason in rec["verifier"]["details"]["gate"]
+
+
+def test_a_symlinked_output_is_followed_engine_side(stack: Stack) -> None:
+    ep = start(stack, "plate-four-holes")
+    run_oracle(stack, ep, "plate-four-holes")
+    run(stack.alice, ep["sandbox_id"], "mv /app/out/plate.stl /app/final.stl")
+    run(stack.alice, ep["sandbox_id"], "ln -s ../final.stl /app/out/plate.stl")
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"]) == (1.0, "ok"), rec["verifier"]
+
+
+def test_near_misses_earn_partial_credit(stack: Stack) -> None:
+    plate = reference("plate-four-holes")
+    no_holes = trimesh.creation.box(bounds=[[0, 0, 0], [80, 50, 6]])
+    shifted = plate.copy().apply_translation([1.0, 0.0, 0.0])
+    metres = plate.copy().apply_scale(0.001)
+    rewards = {}
+    for name, mesh in {"no holes": no_holes, "shifted 1 mm": shifted, "metres": metres}.items():
+        ep = start(stack, "plate-four-holes")
+        upload(stack, ep, "/app/out/plate.stl", mesh.export(file_type="stl"))
+        rec = verify(stack, ep)
+        assert rec["verifier"]["status"] == "ok", rec["verifier"]
+        rewards[name] = rec["reward"]
+        comps = rec["reward_components"]
+        if name == "no holes":  # the holes' walls were 3 mm from any surface of this part
+            assert comps["bbox"] == 1.0 and comps["surface"] == 0.0 and comps["silhouette"] < 1
+        if name == "shifted 1 mm":
+            assert comps["bbox"] == 0.0 and comps["chamfer"] == 1.0 and comps["volume"] == 1.0
+        if name == "metres":  # right shape, wrong unit: only the normalized Chamfer holds
+            assert comps["chamfer"] == 1.0 and comps["iou"] == 0.0 and comps["volume"] == 0.0
+    assert all(0.0 < r < 0.95 for r in rewards.values()), rewards
+    assert rewards["metres"] < rewards["shifted 1 mm"] < rewards["no holes"], rewards
+
+
+def test_an_obj_left_y_up_loses_credit(stack: Stack) -> None:
+    washer = reference("washer")
+    # What Blender's OBJ exporter writes by default: Y up, forward -Z, i.e. (x, y, z) -> (x, z, -y).
+    y_up = washer.copy().apply_transform(
+        np.array([[1, 0, 0, 0], [0, 0, 1, 0], [0, -1, 0, 0], [0, 0, 0, 1]], dtype=float)
+    )
+    ep = start(stack, "washer")
+    upload(stack, ep, "/app/out/washer.obj", y_up.export(file_type="obj").encode())
+    rec = verify(stack, ep)
+    assert rec["verifier"]["status"] == "ok" and rec["reward"] < 0.5, rec
+
+
+def test_a_crashing_render_check_is_an_error_not_a_zero(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "silhouettes.py"
+    broken.write_text("raise RuntimeError('render check crashed on purpose')\n")
+    monkeypatch.setattr(cad, "RENDER_SCRIPT", broken)
+    ep = start(stack, "washer")
+    run_oracle(stack, ep, "washer")
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"], rec["exclude_from_loss"]) == (
+        None,
+        "error",
+        True,
+    )
+    assert "render check crashed on purpose" in rec["verifier"]["details"]["reason"]
