@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import tarfile
 import time
 import xml.etree.ElementTree as ET
@@ -93,6 +94,29 @@ def parse_junit(xml_bytes: bytes) -> TestCounts:
     )
 
 
+_SUMMARY = re.compile(
+    r"^=+ (?P<body>.*?\d+ (?:passed|failed|error|errors|skipped|xfailed|"
+    r"xpassed|deselected|warnings?|no tests ran).*?) in [\d.]+s.*=+\s*$",
+    re.MULTILINE,
+)
+_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+
+
+def parse_pytest_summary(output: str) -> TestCounts | None:
+    """Counts from pytest's last ``=== 3 passed, 1 skipped in 0.12s ===`` line, or None.
+
+    ``xfailed`` counts as skipped (it does not pass), ``xpassed`` as passed.
+    """
+    lines = _SUMMARY.findall(output)
+    if not lines:
+        return None
+    found = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for n, kind in _COUNT.findall(lines[-1]):
+        key = {"error": "errors", "xfailed": "skipped", "xpassed": "passed"}.get(kind, kind)
+        found[key] += int(n)
+    return TestCounts(total=sum(found.values()), **found)
+
+
 def parse_reward(
     txt: bytes | None, js: bytes | None
 ) -> tuple[float | None, dict[str, float], str | None]:
@@ -164,16 +188,24 @@ def score(
     reward_txt: bytes | None,
     reward_json: bytes | None,
     junit: bytes | None,
+    output: str = "",
 ) -> VerifierResult:
-    """Turn what the test run left behind into a result (pure; unit-tested directly)."""
+    """Turn what the test run left behind into a result (pure; unit-tested directly).
+
+    Test counts come from the JUnit report, else from pytest's closing summary line in
+    ``output`` (tasks whose test script writes no report).
+    """
     details: dict[str, Any] = {"test_exit_code": exit_code}
     counts = None
     if junit is not None:
         try:
             counts = parse_junit(junit)
-            details["tests"] = counts.__dict__
         except (ET.ParseError, ValueError) as e:
             details["junit_problem"] = str(e)
+    if counts is None:
+        counts = parse_pytest_summary(output)
+    if counts is not None:
+        details["tests"] = counts.__dict__
     if check.reward_source == "exit_code":
         reward, comps, problem = (1.0 if exit_code == 0 else 0.0), {}, None
     else:
@@ -194,7 +226,8 @@ def score(
             reward=None,
             details={
                 **details,
-                "reason": f"expected {check.expected_tests} tests but found no JUnit report",
+                "reason": f"expected {check.expected_tests} tests but found no JUnit report "
+                "and no pytest summary",
             },
         )
     components = {**comps, "reward_file": float(reward)}
@@ -294,6 +327,7 @@ def verify(
             reward_txt=files["reward.txt"],
             reward_json=files["reward.json"],
             junit=files["junit.xml"],
+            output=(res.stdout + b"\n" + res.stderr).decode("utf-8", "replace"),
         )
         details = {
             **result.details,

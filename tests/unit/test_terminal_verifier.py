@@ -8,7 +8,13 @@ import pytest
 
 from service.runtime.base import FsChange
 from service.verifiers.isolation import is_protected, plan_changes
-from service.verifiers.terminal import TerminalCheck, parse_junit, parse_reward, score
+from service.verifiers.terminal import (
+    TerminalCheck,
+    parse_junit,
+    parse_pytest_summary,
+    parse_reward,
+    score,
+)
 
 CHECK = TerminalCheck(
     test_command="bash /tests/test.sh",
@@ -89,6 +95,27 @@ def test_missing_reward_or_report_is_an_error_not_zero() -> None:
     r = score(CHECK, exit_code=0, reward_txt=b"1", reward_json=None, junit=None)
     assert (r.status, r.reward) == ("error", None)
     assert "no JUnit report" in r.details["reason"]
+
+
+@pytest.mark.parametrize(
+    ("line", "counts"),
+    [
+        ("===== 3 passed in 0.12s =====", (3, 3, 0, 0)),
+        ("=== 2 passed, 1 skipped, 1 xfailed in 1.00s ===", (4, 2, 0, 2)),
+        ("==== 1 failed, 2 passed, 1 error, 3 warnings in 0.5s ====", (4, 2, 1, 0)),
+        ("========== 1 xpassed in 0.01s ==========", (1, 1, 0, 0)),
+    ],
+)
+def test_pytest_summary_counts(line: str, counts: tuple[int, int, int, int]) -> None:
+    c = parse_pytest_summary(f"collected\n{line}\n")
+    assert (c.total, c.passed, c.failed, c.skipped) == counts
+
+
+def test_summary_line_gates_like_a_report() -> None:
+    out = "...\n=== 2 passed, 1 skipped in 0.1s ===\n"
+    r = score(CHECK, exit_code=0, reward_txt=b"1", reward_json=None, junit=None, output=out)
+    assert (r.status, r.reward, r.details["gate"]) == ("ok", 0.0, "1 test(s) skipped or xfailed")
+    assert parse_pytest_summary("no summary here") is None
 
 
 def test_exit_code_reward_source() -> None:
