@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service import anomaly
 from service.api.deps import Ctx
 from service.metrics import POOL_LEVEL, POOL_TARGET, REGISTRY
 
@@ -30,7 +31,8 @@ def readyz(ctx: Ctx) -> JSONResponse:
 
 @router.get("/metrics")
 def metrics(ctx: Ctx) -> Response:
-    """Prometheus text exposition."""
+    """Prometheus text exposition (pool levels and verifier anomalies refreshed per scrape)."""
+    anomaly.refresh(ctx.db)
     for template, lv in ctx.pools.levels().items():
         POOL_TARGET.labels(template).set(lv["target"])
         for state in ("warm", "starting", "leased"):

@@ -385,6 +385,7 @@ def test_health_ready_metrics_templates(stack: Stack) -> None:
     assert (
         "crucible_http_requests_total" in text
         and 'crucible_pool_target{template="terminal"}' in text
+        and "# TYPE crucible_verifier_anomaly gauge" in text
     )
     names = [t["name"] for t in stack.alice.get("/v1/templates").json()]
     assert "terminal" in names
