@@ -498,8 +498,8 @@ def test_version_covers_every_file_and_ignores_bytecode(tmp_path: Path) -> None:
 def test_load_suite_sorted() -> None:
     suite = load_suite(GOOD)
     assert isinstance(suite, Suite)
-    assert (suite.name, suite.path, suite.ids) == ("good", GOOD, ["harbor-hello", "tb1-hello"])
-    assert len(suite) == 2 and suite.errors == ()
+    assert (suite.name, suite.path, suite.ids) == ("good", GOOD, ["count-errors", "harbor-hello", "tb1-hello"])
+    assert len(suite) == 3 and suite.errors == ()
     assert suite.get("tb1-hello") is not None and suite.get("nope") is None
 
 
@@ -529,7 +529,7 @@ def test_collect_errors_keeps_going(tmp_path: Path) -> None:
 def test_discover_suites() -> None:
     suites = discover_suites(FIXTURES / "tasks", collect_errors=True)
     assert [s.name for s in suites] == ["broken", "good"]
-    assert len(suites[0].errors) == 10 and len(suites[1]) == 2
+    assert len(suites[0].errors) == 10 and len(suites[1]) == 3
     with pytest.raises(TaskFormatError, match="suite 'broken'"):
         discover_suites(FIXTURES / "tasks")
     with pytest.raises(TaskFormatError, match="not a tasks folder"):
@@ -566,7 +566,7 @@ def test_registry_get_and_list(tmp_path: Path) -> None:
     assert registry.get("harbor-hello").key == "good/harbor-hello"
     assert registry.get("tb1-hello", suite="good").format == "tb1"
     assert registry.get("good/tb1-hello").id == "tb1-hello"
-    assert [t.id for t in registry.list()] == ["harbor-hello", "tb1-hello"]
+    assert [t.id for t in registry.list()] == ["count-errors", "harbor-hello", "tb1-hello"]
     assert registry.list(domain="document") == []
     assert [t.id for t in registry.list(suite="good", domain="terminal")] == [
         "harbor-hello",

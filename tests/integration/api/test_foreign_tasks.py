@@ -19,7 +19,7 @@ TRAJ = {"policy": {"name": "test", "version": "1"}}
 
 @pytest.mark.parametrize(
     ("suite", "task"),
-    [("foreign", "count-errors"), ("good", "tb1-hello")],
+    [("good", "count-errors"), ("good", "tb1-hello")],
 )
 def test_foreign_task_oracle_one_noop_zero(stack: Stack, suite: str, task: str) -> None:
     loaded = load_suite(FIXTURES / suite)
