@@ -569,6 +569,7 @@ def test_registry_get_and_list(tmp_path: Path) -> None:
     assert [t.id for t in registry.list()] == ["count-errors", "harbor-hello", "tb1-hello"]
     assert registry.list(domain="document") == []
     assert [t.id for t in registry.list(suite="good", domain="terminal")] == [
+        "count-errors",
         "harbor-hello",
         "tb1-hello",
     ]
