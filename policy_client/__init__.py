@@ -1,6 +1,6 @@
 """Crucible's policy client: the SDK, policies and the rollout runner.
 
-The public surface is re-exported here (``tests/unit/test_client_surface.py`` pins it).
+The public surface is re-exported here (``tests/unit/test_policy_client_surface.py`` pins it).
 ``TorchPolicy`` lives in ``policy_client.policies.torch_policy`` (torch is optional) and the
 Ray launcher in ``policy_client.ray_runner`` (ray is optional).
 """

@@ -6,7 +6,7 @@ so a test or a bench loads them through ``TorchPolicy.from_pretrained`` exactly 
 checkpoint. Sizes:
 
 - ``TINY``: 2 layers, hidden 64 (~70 k parameters): fast enough for unit tests.
-- ``BENCH``: 4 layers, hidden 512 (~13 M parameters): large enough on CPU that a forward
+- ``BENCH``: 4 layers, hidden 512 (~12 M parameters): large enough on CPU that a forward
   pass costs more than the Python around it, so batching and KV reuse show.
 
 The tokenizer is trained on a small corpus of the prompt template, fenced bash blocks and

@@ -28,7 +28,11 @@ whose log-probability is ``logprob - log(nucleus mass)``. With ``temperature == 
 KV reuse. Per episode the policy keeps every token of its context (``ids``) and each layer's
 keys and values for ``ids[:cached]`` (the last sampled token is never fed, so
 ``cached == len(ids) - 1`` after a turn). Turn k feeds only ``ids[cached:]`` plus the new
-observation's tokens; ``end_episode`` frees the cache.
+observation's tokens; ``end_episode`` frees the cache, and ``max_cached_tokens`` bounds the
+total (least recently used caches are dropped and recomputed). During a decode the batch's
+cache is preallocated for the whole reply (one in-place write per step, no ``torch.cat``).
+Models whose cache is not plain full attention (sliding-window or linear layers) recompute
+every turn (``reuse_kv`` is turned off for them).
 
 Token accounting (the ``PolicyAction`` contract). Turn 0: ``prompt_ids`` = the rendered
 prompt (system + instruction + the assistant header). Turn k > 0: ``observation_ids`` = the
@@ -48,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
 from policy_client.prompt import parse_action
@@ -107,6 +113,10 @@ class TorchPolicy:
 
     Build it with ``from_pretrained``; ``reuse_kv=False`` recomputes every turn from the
     whole history instead (same tokens, more compute: the baseline of bench/policy.py).
+    ``max_cached_tokens`` bounds the KV memory: past it, the caches of the episodes that
+    acted least recently are dropped (their next turn recomputes from their token history;
+    the tokens are the same). A cached token costs ``2 * layers * kv_heads * head_dim``
+    values (a Llama-3-8B in bf16: 128 KiB).
     """
 
     def __init__(
@@ -121,6 +131,7 @@ class TorchPolicy:
         seed: int | None = None,
         name: str | None = None,
         reuse_kv: bool = True,
+        max_cached_tokens: int | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
@@ -129,7 +140,9 @@ class TorchPolicy:
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        self.reuse_kv = reuse_kv
+        self._plain_cache = _plain_cache_layers(model)
+        self.reuse_kv = reuse_kv and self._plain_cache  # sliding windows: recompute instead
+        self.max_cached_tokens = max_cached_tokens
         limit = getattr(model.config, "max_position_embeddings", None) or 4096
         self.max_context_tokens = min(max_context_tokens or limit, limit)
         if tokenizer.chat_template is None:
@@ -161,6 +174,7 @@ class TorchPolicy:
         max_context_tokens: int | None = None,
         seed: int | None = None,
         reuse_kv: bool = True,
+        max_cached_tokens: int | None = None,
     ) -> TorchPolicy:
         """Load a causal LM and its tokenizer from a local ``save_pretrained`` folder.
 
@@ -189,6 +203,7 @@ class TorchPolicy:
             seed=seed,
             name=path.resolve().name,
             reuse_kv=reuse_kv,
+            max_cached_tokens=max_cached_tokens,
         )
 
     # -- Policy protocol ----------------------------------------------------------------------
@@ -235,6 +250,7 @@ class TorchPolicy:
             plan.append((i, state, new))
         sampled = self._generate(rows) if rows else []
         for (i, state, new), row, out in zip(plan, rows, sampled, strict=True):
+            self._episodes.pop(batch[i].episode.episode_id, None)  # re-inserted: most recent
             req = batch[i]
             first = not state.ids
             state.ids += new + out.ids
@@ -253,7 +269,19 @@ class TorchPolicy:
                 and not state.ended_with_eos,
                 info={"cached_tokens": row.cached},
             )
+        self._evict()
         return [a for a in actions if a is not None]
+
+    def _evict(self) -> None:
+        """Drop the least recently used caches while more than ``max_cached_tokens`` are held."""
+        if self.max_cached_tokens is None:
+            return
+        held = sum(s.cached for s in self._episodes.values())
+        for state in list(self._episodes.values()):  # insertion order: least recent first
+            if held <= self.max_cached_tokens:
+                break
+            held -= state.cached
+            state.cache, state.cached = None, 0
 
     def _render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -287,17 +315,20 @@ class TorchPolicy:
             input_ids[i, n - len(r.new_ids) :] = torch.tensor(r.new_ids, device=dev)
             mask[i, c - r.cached : c] = 1
             mask[i, c + n - len(r.new_ids) :] = 1
-        cache = _batch_cache(rows, c, self.model) if c else _empty_cache(self.model)
+        if self._plain_cache:
+            cache = _new_cache(self.model, rows, c, c + n + max(r.budget for r in rows))
+        else:
+            cache = DynamicCache(config=self.model.config)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, c:]
         logits = self._forward(input_ids, mask, positions, cache)
 
         out_ids: list[list[int]] = [[] for _ in rows]
         out_lp: list[list[float]] = [[] for _ in rows]
-        running = torch.ones(b, dtype=torch.bool, device=dev)
+        running = [True] * b  # host-side: no device sync per row
         hit_budget = [False] * b
         for step in range(max(r.budget for r in rows)):
             tokens, logprobs = self._sample(logits)
-            tok_list, lp_list = tokens.tolist(), logprobs.tolist()
+            tok_list, lp_list = tokens.tolist(), logprobs.tolist()  # one sync per step
             for i in range(b):
                 if not running[i]:
                     continue
@@ -307,10 +338,11 @@ class TorchPolicy:
                     running[i] = False
                 elif step + 1 >= rows[i].budget:
                     running[i], hit_budget[i] = False, True
-            if not running.any():
+            if not any(running):
                 break
-            feed = torch.where(running, tokens, torch.full_like(tokens, self.pad_id))
-            mask = torch.cat([mask, running.long()[:, None]], dim=1)
+            alive = torch.tensor(running, device=dev)
+            feed = torch.where(alive, tokens, torch.full_like(tokens, self.pad_id))
+            mask = torch.cat([mask, alive.long()[:, None]], dim=1)
             positions = (mask.sum(-1, keepdim=True) - 1).clamp(min=0)
             logits = self._forward(feed[:, None], mask, positions, cache)
 
@@ -388,31 +420,80 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _empty_cache(model: Any) -> Any:
-    from transformers import DynamicCache
+def _plain_cache_layers(model: Any) -> bool:
+    """True when every layer of the model's cache is a plain full-attention ``DynamicLayer``
+    (no sliding window, no linear attention): the layout per-episode KV reuse relies on."""
+    layers = DynamicCache(config=model.config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
-    return DynamicCache(config=model.config)
+
+class _PreallocatedLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends into a preallocated buffer of ``capacity`` positions
+    (doubled when full), so a decode step writes one position in place instead of
+    ``torch.cat``-ing the whole cache (O(T) per step). ``keys``/``values`` are views of
+    the filled part, shape (B, heads, length, head_dim)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def allocate(self, batch: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
+        """Zeroed buffers for ``batch`` rows, heads and head size as ``like_k``/``like_v``."""
+        self.k = like_k.new_zeros((batch, like_k.shape[1], self.capacity, like_k.shape[3]))
+        self.v = like_v.new_zeros((batch, like_v.shape[1], self.capacity, like_v.shape[3]))
+        self.device, self.is_initialized = like_k.device, True
+        self.set_length(0)
+
+    def set_length(self, length: int) -> None:
+        """Mark the first ``length`` positions as filled."""
+        self.length = length
+        self.keys, self.values = self.k[:, :, :length], self.v[:, :, :length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.allocate(key_states.shape[0], key_states, value_states)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.k.shape[2]:
+            grown = max(end, 2 * self.k.shape[2])
+            k = self.k.new_zeros((*self.k.shape[:2], grown, self.k.shape[3]))
+            v = self.v.new_zeros((*self.v.shape[:2], grown, self.v.shape[3]))
+            k[:, :, : self.length], v[:, :, : self.length] = self.keys, self.values
+            self.k, self.v = k, v
+        self.k[:, :, self.length : end] = key_states
+        self.v[:, :, self.length : end] = value_states
+        self.set_length(end)
+        return self.keys, self.values
 
 
-def _batch_cache(rows: list[_Row], length: int, model: Any) -> Any:
-    """A ``DynamicCache`` of ``length`` positions; row i's cache right-aligned, zeros before."""
-    from transformers import DynamicCache
-
-    ref = next(r.cache for r in rows if r.cache)
+def _new_cache(model: Any, rows: list[_Row], length: int, capacity: int) -> DynamicCache:
+    """A cache of ``_PreallocatedLayer``s for ``capacity`` positions whose first ``length``
+    hold row i's cache right-aligned (zeros, masked, before it)."""
+    cache = DynamicCache(config=model.config)
+    ref = next((r.cache for r in rows if r.cache), None)
+    if ref is None:
+        cache.layers = [_PreallocatedLayer(capacity) for _ in cache.layers]
+        return cache
     layers = []
-    for layer, (k0, v0) in enumerate(ref):
-        k = k0.new_zeros((len(rows), k0.shape[1], length, k0.shape[3]))
-        v = v0.new_zeros((len(rows), v0.shape[1], length, v0.shape[3]))
+    for j, (k0, v0) in enumerate(ref):
+        layer = _PreallocatedLayer(capacity)
+        layer.allocate(len(rows), k0, v0)
         for i, r in enumerate(rows):
             if r.cached:
-                k[i, :, length - r.cached :] = r.cache[layer][0][0]
-                v[i, :, length - r.cached :] = r.cache[layer][1][0]
-        layers.append((k, v))
-    return DynamicCache(ddp_cache_data=layers, config=model.config)
+                layer.k[i, :, length - r.cached : length] = r.cache[j][0][0]
+                layer.v[i, :, length - r.cached : length] = r.cache[j][1][0]
+        layer.set_length(length)
+        layers.append(layer)
+    cache.layers = layers
+    return cache
 
 
-def _cache_layers(cache: Any) -> list[KV]:
+def _cache_layers(cache: DynamicCache) -> list[KV]:
     """Each layer's (keys, values), shape (B, heads, T, head_dim)."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+    return [(layer.keys, layer.values) for layer in cache.layers]
