@@ -53,12 +53,17 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 stamp=.venv/.crucible-install-stamp
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c 'import service' 2>/dev/null; then
+# torch first, pinned: an unpinned torch (or one pulled in by transformers) would be a
+# multi-GB CUDA build. TORCH_SPEC picks another build (e.g. a CUDA wheel on a GPU machine).
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+want=$( (cat pyproject.toml; echo "$TORCH_SPEC") | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c 'import service, torch' 2>/dev/null; then
   say "python: .venv up to date"
 else
-  say "python: pip install -e '.[dev]' (log: $STATE_DIR/logs/pip.log)"
-  if ! .venv/bin/python -m pip install -e '.[dev]' >"$STATE_DIR/logs/pip.log" 2>&1; then
+  say "python: pip install $TORCH_SPEC, then -e '.[dev,torch]' (log: $STATE_DIR/logs/pip.log)"
+  if ! { .venv/bin/python -c 'import torch' 2>/dev/null \
+           || .venv/bin/python -m pip install "$TORCH_SPEC"; } >"$STATE_DIR/logs/pip.log" 2>&1 \
+     || ! .venv/bin/python -m pip install -e '.[dev,torch]' >>"$STATE_DIR/logs/pip.log" 2>&1; then
     tail -20 "$STATE_DIR/logs/pip.log" >&2
     die "pip install failed (full log: $STATE_DIR/logs/pip.log)"
   fi
