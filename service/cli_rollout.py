@@ -40,9 +40,42 @@ def make_policy(name: str, *, suite_dir: Path, model: Path | None, **options: An
         from policy_client.policies.torch_policy import TorchPolicy
 
         return TorchPolicy.from_pretrained(model, **options)
+    if name == "openai":
+        from policy_client.policies.openai_compat import OpenAICompatiblePolicy
+
+        if not options.get("base_url") or not options.get("model"):
+            raise typer.BadParameter(
+                "--policy openai needs --endpoint URL and --served-model NAME",
+                param_hint="--endpoint",
+            )
+        return OpenAICompatiblePolicy(options.pop("base_url"), options.pop("model"), **options)
     raise typer.BadParameter(
-        f"unknown policy {name!r} (oracle, noop, torch)", param_hint="--policy"
+        f"unknown policy {name!r} (oracle, noop, torch, openai)", param_hint="--policy"
     )
+
+
+def policy_options(
+    policy: str,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    endpoint: str | None,
+    served_model: str | None,
+) -> dict:
+    """The keyword arguments ``make_policy`` passes to a model policy."""
+    sampling = {"temperature": temperature, "top_p": top_p, "seed": seed}
+    if policy == "torch":
+        return {"max_new_tokens": max_new_tokens, **sampling}
+    if policy == "openai":
+        return {
+            "base_url": endpoint,
+            "model": served_model,
+            "max_tokens": max_new_tokens,
+            **sampling,
+        }
+    return {}
 
 
 @app.command()
@@ -50,7 +83,7 @@ def rollout(
     suite: Annotated[
         Path, typer.Option(help="Suite folder, e.g. tasks/terminal.", exists=True, file_okay=False)
     ],
-    policy: Annotated[str, typer.Option(help="oracle | noop | torch")] = "oracle",
+    policy: Annotated[str, typer.Option(help="oracle | noop | torch | openai")] = "oracle",
     model: Annotated[Path | None, typer.Option(help="Model folder for --policy torch.")] = None,
     tasks: Annotated[
         str | None, typer.Option(help="Comma-separated task ids (default all).")
@@ -58,7 +91,16 @@ def rollout(
     group_size: Annotated[int, typer.Option(min=1, help="Samples per task (GRPO group).")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Groups in flight.")] = 4,
     max_turns: Annotated[int, typer.Option(min=1)] = 30,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="torch: tokens per turn.")] = 256,
+    max_new_tokens: Annotated[
+        int, typer.Option(min=1, help="Model policies: tokens per turn.")
+    ] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="openai: the server's base URL (.../v1).")
+    ] = None,
+    served_model: Annotated[str | None, typer.Option(help="openai: the model name.")] = None,
     url: Annotated[
         str | None, typer.Option(envvar="CRUCIBLE_URL", help="Control plane URL.")
     ] = None,
@@ -89,7 +131,15 @@ def rollout(
     from policy_client.rollout import RolloutConfig, RolloutRunner
 
     suite_dir = suite.resolve()
-    options = {"max_new_tokens": max_new_tokens} if policy == "torch" else {}
+    options = policy_options(
+        policy,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        endpoint=endpoint,
+        served_model=served_model,
+    )
     if ray:  # the actors load the policy; the driver only names it
         pol = _policy_identity(policy, suite_dir=suite_dir, model=model, **options)
     else:
