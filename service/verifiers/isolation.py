@@ -118,20 +118,34 @@ class ChangePlan:
     shadowing: tuple[str, ...] = ()
 
 
+_MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth")
+
+
 def shadowing_modules(paths: Iterable[str], workdir: str) -> tuple[str, ...]:
-    """Modules directly in ``workdir`` that would shadow one the test runner imports: a
-    ``name.py`` or a regular package ``name/__init__.py`` (a plain directory is at most a
-    namespace package, which never wins over a real module)."""
+    """What the agent put directly in ``workdir`` (``sys.path[0]`` of ``python3 -m pytest``)
+    that the test runner would pick up instead of its toolchain:
+
+    - a module named like one the runner imports (``SHADOWABLE``): ``name.py``, a sourceless
+      ``name.pyc``, an extension ``name*.so``, or a regular package ``name/__init__.py(c)``;
+    - distribution metadata (``*.dist-info``, ``*.egg-info``): pytest loads plugins from the
+      entry points of every distribution on ``sys.path``, so any of it can inject a plugin.
+
+    A plain directory is at most a namespace package, which never wins over a real module.
+    """
     paths = set(paths)
     root = workdir.rstrip("/")
     out = []
     for path in paths:
         parent, _, name = path.rpartition("/")
-        if parent != root:
+        if parent != root or not name:
             continue
-        if name.endswith(".py"):
-            stem = name[:-3]
-        elif f"{path}/__init__.py" in paths:
+        if name.endswith(_METADATA_SUFFIXES):
+            out.append(path)
+            continue
+        if name.endswith(_MODULE_SUFFIXES):
+            stem = name.split(".", 1)[0]
+        elif f"{path}/__init__.py" in paths or f"{path}/__init__.pyc" in paths:
             stem = name
         else:
             continue

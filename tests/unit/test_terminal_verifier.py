@@ -192,3 +192,28 @@ def test_shadowing_modules_in_the_workdir_are_named() -> None:
     plan = plan_changes(changes, "/app")
     assert plan.shadowing == ("/app/_pytest", "/app/json.py", "/app/pytest.py")
     assert plan_changes(changes).shadowing == ()
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "/app/pprint.pyc",
+        "/app/json.cpython-311-x86_64-linux-gnu.so",
+        "/app/zz-1.0.dist-info",
+        "/app/zz.egg-info",
+    ],
+)
+def test_compiled_modules_and_plugin_metadata_are_hijacks(planted: str) -> None:
+    # Regression: a sourceless pprint.pyc and an entry-point plugin's dist-info scored 1.0.
+    plan = plan_changes([FsChange("/app", "modified"), FsChange(planted, "added")], "/app")
+    assert plan.shadowing == (planted,)
+
+
+def test_ordinary_outputs_are_not_hijacks() -> None:
+    changes = [
+        FsChange("/app", "modified"),
+        FsChange("/app/report.pyc.txt", "added"),
+        FsChange("/app/solution.pyc", "added"),
+        FsChange("/app/data.so.1", "added"),
+    ]
+    assert plan_changes(changes, "/app").shadowing == ()
