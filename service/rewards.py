@@ -50,6 +50,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -61,6 +63,7 @@ from service.db.engine import Database
 from service.db.models import RewardRecordRow, utcnow
 from service.errors import Conflict, InvalidRequest, NotFound
 from service.ids import new_id
+from service.text import find_unencodable
 
 SCHEMA_VERSION = "1"
 """Version of the record layout; written into every record and into the Parquet metadata."""
@@ -82,6 +85,15 @@ UTCDatetime = Annotated[AwareDatetime, AfterValidator(lambda d: d.astimezone(UTC
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse lone surrogates anywhere in a field (see ``service.text``)."""
+        if (bad := find_unencodable(value)) is not None:
+            where = info.field_name if bad == "value" else f"{info.field_name}.{bad}"
+            raise ValueError(f"{where} is not valid Unicode text (a lone surrogate)")
+        return value
 
 
 class PolicyInfo(_Model):

@@ -9,13 +9,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from service.text import find_unencodable
 
 MetadataValue = str | int | float | bool | None
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse lone surrogates anywhere in a field (see ``service.text``)."""
+        if (bad := find_unencodable(value)) is not None:
+            where = info.field_name if bad == "value" else f"{info.field_name}.{bad}"
+            raise ValueError(f"{where} is not valid Unicode text (a lone surrogate)")
+        return value
 
 
 class LimitsIn(_Model):

@@ -158,6 +158,21 @@ def test_invalid_trajectory_names_field_and_episode_stays_verifiable(stack: Stac
     assert_problem(stack.bob.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ), 404)
 
 
+def test_unencodable_trajectory_text_is_refused_and_exports_keep_working(stack: Stack) -> None:
+    # Regression: a lone surrogate in a turn was stored, then every export of the tenant 500ed.
+    ep = start(stack)["episodes"][0]
+    body = b'{"policy": {"name": "x"}, "turns": [{"action": "\\ud800"}]}'
+    r = stack.alice.post(
+        f"/v1/episodes/{ep['id']}/verify",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert_problem(r, 422, "turns.0.action")
+    assert verify(stack, ep)["reward"] == 0.0
+    for fmt in ("jsonl", "parquet"):
+        assert stack.alice.get("/v1/rewards/export", params={"format": fmt}).status_code == 200
+
+
 def test_verifier_timeout_is_not_a_zero(stack: Stack, tmp_path: Path) -> None:
     task = tmp_path / "slow" / "sleepy"
     (task / "environment").mkdir(parents=True)

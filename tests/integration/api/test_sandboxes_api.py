@@ -423,3 +423,23 @@ def test_lease_limits_override_within_quota(stack: Stack, warm: bool) -> None:
         422,
         "limits.memory_mb",
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        ("/v1/sandboxes", '{"template": "terminal", "metadata": {"a": "\\ud800"}}', "metadata"),
+        ("exec", '{"cmd": "echo \\ud800"}', "cmd"),
+        ("exec", '{"cmd": "true", "env": {"K": "\\udfff"}}', "env"),
+    ],
+)
+def test_lone_surrogates_are_refused_and_nothing_is_stored(
+    stack: Stack, sandbox: str, url: str, body: str, field: str
+) -> None:
+    # Regression: a lone surrogate was stored and then broke every read of the tenant's rows.
+    before = len(stack.alice.get("/v1/sandboxes").json()["sandboxes"])
+    path = f"/v1/sandboxes/{sandbox}/exec" if url == "exec" else url
+    r = stack.alice.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert_problem(r, 422, field)
+    listed = stack.alice.get("/v1/sandboxes")
+    assert listed.status_code == 200 and len(listed.json()["sandboxes"]) == before

@@ -1,0 +1,42 @@
+"""Text that can be stored and served: valid Unicode without lone surrogates.
+
+JSON lets a client send ``"\\ud800"`` (a lone surrogate): Python decodes it into a ``str``
+that cannot be encoded as UTF-8, so storing it would break every later read and export of
+that row. Models reject such text at the door, naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _bad(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _safe(s: str) -> str:
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def find_unencodable(value: Any, path: str = "") -> str | None:
+    """The dotted path (itself printable) of the first string, key or value, in ``value``
+    that is not valid UTF-8 text, or None."""
+    if isinstance(value, str):
+        return (path or "value") if _bad(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            sub = f"{path}.{_safe(str(k))}" if path else _safe(str(k))
+            if isinstance(k, str) and _bad(k):
+                return sub
+            if found := find_unencodable(v, sub):
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            if found := find_unencodable(v, f"{path}.{i}" if path else str(i)):
+                return found
+    return None
