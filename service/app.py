@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import tenants
+from service import episodes, tenants
 from service.api import (
     audit,
     health,
@@ -74,7 +74,13 @@ def bootstrap(ctx: ServiceContext) -> None:
             )
     ctx.runtime.ensure_ready()
     counts = ctx.pools.reconcile()
-    log.info("reconciled deployment %s: %s", s_.deployment, counts)
+    recovered = episodes.recover(ctx)
+    log.info(
+        "reconciled deployment %s: %s; %d episodes back to running",
+        s_.deployment,
+        counts,
+        recovered,
+    )
 
 
 def create_app(

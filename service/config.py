@@ -5,10 +5,11 @@ Example: ``CRUCIBLE_DATABASE_URL=postgresql+psycopg://u:p@host/db crucible serve
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,8 +24,10 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(None, description="Redis URL for multi-replica coordination.")
     deployment: str = Field(
-        "default",
-        description="Value of the crucible.deployment label; reconcile touches only these.",
+        "",
+        description="Value of the crucible.deployment label; reconcile touches only these. "
+        "Default: derived from the database URL, so every database (every embedded "
+        "data dir) owns its own containers and two deployments never reconcile each other's.",
     )
     docker_host: str | None = Field(None, description="Docker engine URL; default from env.")
     host: str = "127.0.0.1"
@@ -72,6 +75,13 @@ class Settings(BaseSettings):
     bootstrap_admin_key: str | None = Field(
         None, description="If set, an admin key with this secret exists at start-up."
     )
+
+    @model_validator(mode="after")
+    def _default_deployment(self) -> Settings:
+        if not self.deployment:
+            digest = hashlib.sha256(self.sqlalchemy_url.encode()).hexdigest()[:10]
+            self.deployment = f"crucible-{digest}"
+        return self
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -8,8 +8,8 @@ from service.config import Settings
 from service.db.engine import Database
 from service.pool import PoolManager
 from service.runtime.base import SandboxRuntime
-from service.tasks.registry import TaskRegistry
-from service.templates import TemplateRegistry, builtin_templates
+from service.tasks.registry import TaskRegistry, template_name
+from service.templates import Template, TemplateRegistry, builtin_templates
 
 
 @dataclass
@@ -36,9 +36,20 @@ class ServiceContext:
             from service.runtime.docker import DockerRuntime
 
             runtime = DockerRuntime.from_settings(settings)
-        templates = TemplateRegistry(builtin_templates(settings.image_prefix))
-        pools = PoolManager(settings=settings, db=db, runtime=runtime, templates=templates)
         tasks = TaskRegistry.from_root(settings.tasks_dir, collect_errors=True, settings=settings)
+
+        def task_template(name: str) -> Template | None:
+            """A task's template by name (re-made after a restart from the task's image)."""
+            for task in tasks.list():
+                if template_name(task) == name:
+                    base = f"{settings.image_prefix}/{task.domain}:latest"
+                    return tasks.template_for(task, tasks.ensure_image(task, base_image=base))
+            return None
+
+        templates = TemplateRegistry(
+            builtin_templates(settings.image_prefix), resolver=task_template
+        )
+        pools = PoolManager(settings=settings, db=db, runtime=runtime, templates=templates)
         return cls(
             settings=settings, db=db, runtime=runtime, templates=templates, pools=pools, tasks=tasks
         )

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from service import audit, rewards, sandboxes
 from service.context import ServiceContext
@@ -22,6 +22,7 @@ from service.db.models import Episode, Sandbox, utcnow
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.tasks.models import Task
+from service.tasks.registry import template_name
 from service.tenants import Principal
 from service.verifiers import registry as verifier_registry
 from service.verifiers.base import VerifierResult
@@ -45,13 +46,9 @@ def resolve_task(ctx: ServiceContext, task_id: str, suite: str | None) -> Task:
 
 
 def ensure_template(ctx: ServiceContext, task: Task) -> str:
-    """Build the task's image (once) on its domain's sandbox image (``crucible/<domain>``)
-    and register its template; return the template name."""
-    base = f"{ctx.settings.image_prefix}/{task.domain}:latest"
-    image = ctx.tasks.ensure_image(task, base_image=base)
-    template = ctx.tasks.template_for(task, image)
-    ctx.templates.register(template)
-    return template.name
+    """The task's template name; the template registry's resolver (``ServiceContext``)
+    builds the task's image on its domain's sandbox image once and registers it."""
+    return ctx.templates.get(template_name(task)).name
 
 
 def start(
@@ -139,6 +136,31 @@ def start(
             )
             out.append(StartedEpisode(ep, task))
     return out
+
+
+def recover(ctx: ServiceContext) -> int:
+    """After a restart: episodes this deployment was verifying when it died go back to
+    ``running`` so their worker can verify again (the sandbox, if it survived, was adopted
+    by reconcile; if not, the new verification records an error). Returns how many."""
+    with ctx.db.session() as s:
+        ids = (
+            s.execute(
+                select(Episode.id)
+                .join(Sandbox, Sandbox.id == Episode.sandbox_id)
+                .where(Episode.state == "verifying", Sandbox.deployment == ctx.settings.deployment)
+            )
+            .scalars()
+            .all()
+        )
+        if ids:
+            s.execute(
+                update(Episode)
+                .where(Episode.id.in_(ids), Episode.state == "verifying")
+                .values(state="running")
+                .execution_options(synchronize_session=False)
+            )
+            audit.record(s, "episode.recover", details={"episodes": list(ids)})
+    return len(ids)
 
 
 def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:

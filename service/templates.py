@@ -7,6 +7,7 @@ Built-in templates are defined here; task images register theirs at run time
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -71,19 +72,33 @@ def builtin_templates(image_prefix: str = "crucible") -> list[Template]:
 
 
 class TemplateRegistry:
-    """Thread-safe name -> Template map."""
+    """Thread-safe name -> Template map.
 
-    def __init__(self, templates: list[Template] | None = None) -> None:
+    ``resolver`` makes templates on demand from their name (task templates after a restart:
+    a leased sandbox of a task must keep working), returning None for unknown names.
+    """
+
+    def __init__(
+        self,
+        templates: list[Template] | None = None,
+        *,
+        resolver: Callable[[str], Template | None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._templates: dict[str, Template] = {t.name: t for t in templates or []}
+        self._resolver = resolver
 
     def get(self, name: str) -> Template:
         """Return the template; ``NotFound`` (field ``template``) when unknown."""
         with self._lock:
-            try:
-                return self._templates[name]
-            except KeyError:
-                raise NotFound(f"unknown template {name!r}", field="template") from None
+            found = self._templates.get(name)
+        if found is None and self._resolver is not None:
+            found = self._resolver(name)
+            if found is not None:
+                self.register(found)
+        if found is None:
+            raise NotFound(f"unknown template {name!r}", field="template")
+        return found
 
     def register(self, template: Template) -> None:
         """Add or replace a template."""

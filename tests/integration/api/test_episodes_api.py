@@ -204,3 +204,24 @@ def test_verifier_timeout_is_not_a_zero(stack: Stack, tmp_path: Path) -> None:
         "timeout",
         True,
     )
+
+
+def test_episode_survives_a_control_plane_restart(stack: Stack) -> None:
+    # Regression: after a restart, task templates were unknown ("unknown template") and an
+    # episode killed mid-verification stayed "verifying" forever.
+    from sqlalchemy import update
+
+    from service import episodes
+    from service.db.models import Episode
+
+    ep = start(stack)["episodes"][0]
+    run_oracle(stack, ep)
+    template = stack.alice.get(f"/v1/sandboxes/{ep['sandbox_id']}").json()["template"]
+    with stack.ctx.templates._lock:  # what a new process knows: only the built-in templates
+        stack.ctx.templates._templates.pop(template)
+    with stack.ctx.db.session() as s:
+        s.execute(update(Episode).where(Episode.id == ep["id"]).values(state="verifying"))
+    assert_problem(stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ), 409)
+    assert episodes.recover(stack.ctx) == 1
+    assert run(stack.alice, ep["sandbox_id"], "cat /app/top_words.tsv | wc -l")["stdout"] == "20\n"
+    assert verify(stack, ep)["reward"] == 1.0
