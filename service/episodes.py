@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service import audit, rewards, sandboxes
+from service import audit, rewards, sandboxes, scheduler
 from service.context import ServiceContext
 from service.db.models import Episode, Sandbox, utcnow
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
@@ -74,6 +74,14 @@ def start(
             f"group_size {group_size} exceeds {ctx.settings.max_fork_n}", field="group_size"
         )
     task = resolve_task(ctx, task_id, suite)
+    if job_id is not None:  # only the job's own tenant may add episodes to it
+        scheduler.get_job(ctx.db, principal, job_id)
+    if work_item_id is not None:
+        item = scheduler.get_item(ctx.db, principal, work_item_id)
+        if job_id is not None and item.job_id != job_id:
+            raise InvalidRequest(
+                f"work item {work_item_id} is not part of job {job_id}", field="work_item_id"
+            )
     t0 = time.perf_counter()
     template = ensure_template(ctx, task)
     ttl = ttl_s or int(task.agent_timeout_s + task.verifier_timeout_s + 300)

@@ -5,7 +5,8 @@ One root, one leaf per boundary crossed. The API maps each class to an RFC 9457
 
     CrucibleError                      500  (never raised bare on purpose)
     ├── InvalidRequest                 400/422  bad input the schema could not catch
-    │   └── PathOutsideRoot            400  a file path or tar member escapes the allowed root
+    │   ├── PathOutsideRoot            400  a file path or tar member escapes the allowed root
+    │   └── QuotaNeverFits             400  asks more than the whole quota (retrying cannot help)
     ├── AuthError                      401  missing or unknown API key
     │   └── Forbidden                  403  key lacks the scope (e.g. admin)
     ├── NotFound                       404  unknown id, or another tenant's object
@@ -48,6 +49,12 @@ class PathOutsideRoot(InvalidRequest):
     """A path (or tar member, or link target) resolves outside the allowed root."""
 
     title = "Path outside the allowed root"
+
+
+class QuotaNeverFits(InvalidRequest):
+    """The request needs more than the tenant's entire quota: a retry can never succeed."""
+
+    title = "Request exceeds the quota"
 
 
 class AuthError(CrucibleError):

@@ -23,6 +23,7 @@ from service.errors import (
     InvalidRequest,
     NotFound,
     QuotaExceeded,
+    QuotaNeverFits,
     SandboxError,
 )
 from service.ids import new_id
@@ -143,7 +144,7 @@ def lease(
                         metadata_=metadata,
                     )
                 )
-    except QuotaExceeded as e:
+    except (QuotaExceeded, QuotaNeverFits) as e:
         QUOTA_REFUSALS.labels(principal.tenant_id).inc()
         _audit_refusal(ctx, principal, need, e, template=template)
         raise
@@ -168,7 +169,7 @@ def _apply_limits(ctx: ServiceContext, principal: Principal, row: Sandbox, tpl: 
 
 
 def _audit_refusal(
-    ctx: ServiceContext, principal: Principal, need: Resources, e: QuotaExceeded, **details: Any
+    ctx: ServiceContext, principal: Principal, need: Resources, e: CrucibleError, **details: Any
 ) -> None:
     with ctx.db.session() as s:
         audit.record(
@@ -538,7 +539,7 @@ def fork(
                         source_snapshot_id=snapshot_id,
                     )
                 )
-    except QuotaExceeded as e:
+    except (QuotaExceeded, QuotaNeverFits) as e:
         _audit_refusal(ctx, principal, need, e, template=tpl.name, snapshot_id=snapshot_id)
         raise
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service import audit
 from service.db.models import ApiKey, Sandbox, Tenant, utcnow
-from service.errors import AuthError, InvalidRequest, QuotaExceeded
+from service.errors import AuthError, InvalidRequest, QuotaExceeded, QuotaNeverFits
 
 LIVE_STATES = ("starting", "leased", "snapshotting")
 """States in which a sandbox counts against its tenant's quota."""
@@ -182,6 +182,20 @@ def reserve(session: Session, tenant_id: str, need: Resources) -> None:
         which.append(f"cpus {row.used_cpus:g}+{need.cpus:g} > {row.max_cpus:g}")
     if row.used_memory_mb + need.memory_mb > row.max_memory_mb:
         which.append(f"memory_mb {row.used_memory_mb}+{need.memory_mb} > {row.max_memory_mb}")
+    too_big = [
+        f"{name} {asked:g} > {limit:g}"
+        for name, asked, limit in (
+            ("sandboxes", need.sandboxes, row.max_sandboxes),
+            ("cpus", need.cpus, row.max_cpus + 1e-9),
+            ("memory_mb", need.memory_mb, row.max_memory_mb),
+        )
+        if asked > limit
+    ]
+    if too_big:
+        raise QuotaNeverFits(
+            "the request alone exceeds the tenant's quota (" + "; ".join(too_big) + ")",
+            field="quota",
+        )
     raise QuotaExceeded("quota exceeded: " + "; ".join(which or ["concurrent change"]))
 
 

@@ -12,7 +12,7 @@ from service import episodes, scheduler
 from service.api.deps import Ctx, CurrentPrincipal
 from service.context import ServiceContext
 from service.db.models import Job, WorkItem
-from service.errors import CrucibleError
+from service.errors import CrucibleError, InvalidRequest
 from service.schemas import ClaimIn, CompleteIn, JobIn, JobOut, WorkItemOut
 from service.tasks.registry import template_name
 
@@ -69,6 +69,11 @@ def _prepare(ctx: ServiceContext, suite: str, task_ids: list[str]) -> None:
 def create_job(body: JobIn, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     """Create a job (every task of ``suite`` unless ``task_ids``); images build and warm
     pools fill in the background."""
+    if body.group_size > ctx.settings.max_fork_n:
+        raise InvalidRequest(
+            f"group_size {body.group_size} exceeds the maximum {ctx.settings.max_fork_n}",
+            field="group_size",
+        )
     suite = ctx.tasks.suite(body.suite)
     task_ids = body.task_ids if body.task_ids is not None else list(suite.ids)
     for t in task_ids:
@@ -111,8 +116,12 @@ def claim(job_id: str, body: ClaimIn, ctx: Ctx, principal: CurrentPrincipal) -> 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
 def cancel(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
-    """Cancel a job's queued items."""
-    return job_out(ctx, scheduler.cancel(ctx.db, principal, job_id))
+    """Cancel a job's queued items; its warm-pool demand is dropped."""
+    job = scheduler.cancel(ctx.db, principal, job_id)
+    for task_id in job.task_ids:
+        with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
+            ctx.pools.drop_demand(template_name(episodes.resolve_task(ctx, task_id, job.suite)))
+    return job_out(ctx, job)
 
 
 @router.post("/work-items/{item_id}/heartbeat", response_model=WorkItemOut)

@@ -225,3 +225,26 @@ def test_episode_survives_a_control_plane_restart(stack: Stack) -> None:
     assert episodes.recover(stack.ctx) == 1
     assert run(stack.alice, ep["sandbox_id"], "cat /app/top_words.tsv | wc -l")["stdout"] == "20\n"
     assert verify(stack, ep)["reward"] == 1.0
+
+
+def test_jobs_belong_to_their_tenant_and_group_size_is_bounded(stack: Stack) -> None:
+    # Regression: another tenant could attach episodes (and records) to a job it did not own.
+    job = stack.alice.post(
+        "/v1/jobs", json={"suite": "terminal", "task_ids": [TASK], "policy": {"name": "t"}}
+    ).json()
+    r = stack.bob.post(
+        "/v1/episodes", json={"task_id": TASK, "suite": "terminal", "job_id": job["id"]}
+    )
+    assert_problem(r, 404, "job_id")
+    r = stack.alice.post(
+        "/v1/jobs",
+        json={
+            "suite": "terminal",
+            "task_ids": [TASK],
+            "group_size": 10**6,
+            "policy": {"name": "t"},
+        },
+    )
+    assert_problem(r, 400, "group_size")
+    cancelled = stack.alice.post(f"/v1/jobs/{job['id']}/cancel").json()
+    assert cancelled["state"] == "cancelled"

@@ -34,9 +34,14 @@ def test_quota_is_429_with_retry_after_and_audited(stack: Stack) -> None:
     assert len(refused.json()["events"]) == 2
     carol.delete(f"/v1/sandboxes/{a['id']}")
     c = lease(carol)  # capacity came back on release
-    # a fork of 2 needs 2 more sandboxes: refused, nothing started
+    # a fork of 2 needs 2 CPUs, more than the whole quota (1.5): refused for good, nothing starts
     snap = carol.post(f"/v1/sandboxes/{c['id']}/snapshots").json()
-    assert_problem(carol.post(f"/v1/snapshots/{snap['id']}/fork", json={"n": 2}), 429)
+    r = carol.post(f"/v1/snapshots/{snap['id']}/fork", json={"n": 2})
+    assert_problem(r, 400, "quota")
+    # asking more than the whole quota is not retryable: 400, not 429
+    r = carol.post("/v1/sandboxes", json={"template": "terminal", "limits": {"cpus": 3}})
+    assert "cpus 3 > 1.5" in assert_problem(r, 400, "quota")["detail"]
+    assert "retry-after" not in r.headers
     live = carol.get("/v1/sandboxes").json()["sandboxes"]
     assert sorted(s["id"] for s in live) == sorted([b["id"], c["id"]])
     for sid in (b["id"], c["id"]):
