@@ -30,6 +30,7 @@ from service.templates import Template, TemplateRegistry
 log = logging.getLogger("crucible.pool")
 
 ENDED_STATES = ("released", "expired", "failed")
+PRUNE_EVERY_S = 60.0
 
 
 def spec_for(
@@ -75,6 +76,7 @@ class PoolManager:
         self._destroyer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="crucible-destroy")
         self._inflight: dict[str, int] = {}
         self._images_seen: dict[str, tuple[bool, float]] = {}
+        self._pruned_at = 0.0
         self._demand: dict[str, int] = {}  # in-process warm targets asked for by jobs
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -346,12 +348,12 @@ class PoolManager:
         """Destroy a sandbox's container in the background (release must stay fast)."""
         return self._destroyer.submit(self._destroy_row, sandbox_id)
 
-    def background(self, fn: Callable[..., object], *args: object) -> Future:
+    def background(self, fn: Callable[..., object], *args: object, **kwargs: object) -> Future:
         """Run a clean-up call (image removal...) off the request path; errors are logged."""
 
         def run() -> None:
             try:
-                fn(*args)
+                fn(*args, **kwargs)
             except CrucibleError as e:
                 log.warning("background %s failed: %s", getattr(fn, "__name__", fn), e)
 
@@ -457,10 +459,15 @@ class PoolManager:
     # -- background loop -------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One round of maintenance: reap, trim, refill."""
+        """One round of maintenance: reap, trim, refill; every ``PRUNE_EVERY_S`` also delete
+        snapshot images nothing uses any more."""
         self.reap()
         self.trim()
         self.refill()
+        now = time.monotonic()
+        if now - self._pruned_at >= PRUNE_EVERY_S:
+            self._pruned_at = now
+            self.background(self.runtime.prune_snapshots, deployment=self.deployment)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -160,6 +160,11 @@ class SandboxRuntime(Protocol):
         """Pause, commit the filesystem to ``repository:tag``, unpause; return the image id."""
         ...
 
+    def prune_snapshots(self, *, deployment: str) -> int:
+        """Delete this deployment's untagged snapshot images no container uses; return how
+        many (deleted snapshots stay alive untagged while forks run from them)."""
+        ...
+
     def remove_image(self, image: str) -> None:
         """Delete a snapshot image (missing is fine)."""
         ...

@@ -248,3 +248,31 @@ def test_jobs_belong_to_their_tenant_and_group_size_is_bounded(stack: Stack) -> 
     assert_problem(r, 400, "group_size")
     cancelled = stack.alice.post(f"/v1/jobs/{job['id']}/cancel").json()
     assert cancelled["state"] == "cancelled"
+
+
+def test_untagged_snapshot_images_are_pruned_once_unused(stack: Stack) -> None:
+    # Regression: the prepared snapshot of a group stayed on disk, untagged, forever.
+    import docker
+
+    engine = docker.from_env()
+    label = f"crucible.deployment={stack.ctx.settings.deployment}"
+
+    def dangling() -> list:
+        return engine.images.list(filters={"dangling": True, "label": label})
+
+    group = start(stack, group_size=2)
+    for ep in group["episodes"]:
+        verify(stack, ep)
+    ids = {e["sandbox_id"] for e in group["episodes"]}
+    stack.wait_for(
+        lambda: (
+            not ids
+            & {
+                c.sandbox_id
+                for c in stack.ctx.runtime.list(deployment=stack.ctx.settings.deployment)
+            }
+        )
+    )
+    stack.ctx.pools._pruned_at = 0.0  # due now
+    stack.ctx.pools.tick()
+    stack.wait_for(lambda: dangling() == [], timeout_s=30)
