@@ -13,6 +13,7 @@ if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
   port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 fi
 export CRUCIBLE_PORT="$port" CRUCIBLE_URL="http://127.0.0.1:$port"
+export COLUMNS="${COLUMNS:-140}"  # rich tables stay readable when the output is a log
 CRUCIBLE_API_KEY=$($CRUCIBLE keys create --tenant demo --name demo --json \
   | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 export CRUCIBLE_API_KEY
@@ -21,13 +22,16 @@ log="$CRUCIBLE_DATA_DIR/logs/serve.log"
 $CRUCIBLE serve --log-level warning >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
+ready=
+for _ in $(seq 1 240); do
   if .venv/bin/python -c "import httpx,sys; sys.exit(httpx.get('$CRUCIBLE_URL/readyz').status_code != 200)" 2>/dev/null; then
+    ready=1
     break
   fi
   kill -0 $server 2>/dev/null || { echo "crucible serve exited; see $log" >&2; tail -20 "$log" >&2; exit 1; }
   sleep 0.5
 done
+[ -n "$ready" ] || { echo "crucible serve is not ready after 120 s; see $log" >&2; tail -20 "$log" >&2; exit 1; }
 echo "demo: control plane at $CRUCIBLE_URL (log $log)"
 
 suites=()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
@@ -12,6 +14,12 @@ from service.schemas import AuditEventOut, AuditPage
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 
+def _iso(t: datetime) -> str:
+    """The stored ``ts`` format (UTC, microseconds); a time without zone is taken as UTC."""
+    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    return t.isoformat(timespec="microseconds")
+
+
 @router.get("", response_model=AuditPage)
 def list_events(
     ctx: Ctx,
@@ -19,8 +27,8 @@ def list_events(
     tenant: str | None = None,
     sandbox_id: str | None = None,
     action: str | None = None,
-    since: str | None = Query(None, description="ISO 8601 UTC lower bound on ts (inclusive)"),
-    until: str | None = Query(None, description="ISO 8601 UTC upper bound on ts (exclusive)"),
+    since: datetime | None = Query(None, description="ISO 8601 lower bound on ts (inclusive)"),
+    until: datetime | None = Query(None, description="ISO 8601 upper bound on ts (exclusive)"),
     after: int = Query(0, ge=0, description="Only events with seq > after (paging)"),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AuditPage:
@@ -35,9 +43,9 @@ def list_events(
     if action:
         q = q.where(AuditEvent.action == action)
     if since:
-        q = q.where(AuditEvent.ts >= since)
+        q = q.where(AuditEvent.ts >= _iso(since))
     if until:
-        q = q.where(AuditEvent.ts < until)
+        q = q.where(AuditEvent.ts < _iso(until))
     with ctx.db.session() as s:
         rows = s.execute(q.order_by(AuditEvent.seq).limit(limit)).scalars().all()
     events = [

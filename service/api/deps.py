@@ -37,9 +37,10 @@ def get_principal(request: Request, ctx: Ctx) -> Principal:
                 "auth.failed",
                 details={
                     "method": request.method,
-                    "path": request.url.path,
+                    "path": request.url.path[:200],
                     "reason": e.detail,
-                    "key_id": raw.split("_")[1] if raw and raw.count("_") >= 2 else None,
+                    # a bounded key id only: never the secret, never unbounded client text
+                    "key_id": raw.split("_")[1][:32] if raw and raw.count("_") >= 2 else None,
                     "client": request.client.host if request.client else None,
                 },
             )

@@ -78,6 +78,15 @@ def _container_of(stack: Stack, sid: str) -> str:
     )
 
 
+def test_audit_time_filters_are_validated(stack: Stack) -> None:
+    assert_problem(stack.admin.get("/v1/audit", params={"since": "garbage"}), 422, "since")
+    first = stack.admin.get("/v1/audit", params={"limit": 1}).json()["events"][0]
+    later = stack.admin.get("/v1/audit", params={"since": first["ts"], "limit": 1}).json()
+    assert later["events"][0]["seq"] == first["seq"]
+    none = stack.admin.get("/v1/audit", params={"until": "2000-01-01T00:00:00Z"}).json()
+    assert none["events"] == []
+
+
 def test_audit_verify_cli_names_first_broken_event(stack: Stack) -> None:
     env = {**os.environ, "CRUCIBLE_DATABASE_URL": stack.ctx.db.url}
     cmd = [str(Path(sys.executable).parent / "crucible"), "audit", "verify", "--json"]
