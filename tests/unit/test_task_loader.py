@@ -498,7 +498,11 @@ def test_version_covers_every_file_and_ignores_bytecode(tmp_path: Path) -> None:
 def test_load_suite_sorted() -> None:
     suite = load_suite(GOOD)
     assert isinstance(suite, Suite)
-    assert (suite.name, suite.path, suite.ids) == ("good", GOOD, ["count-errors", "harbor-hello", "tb1-hello"])
+    assert (suite.name, suite.path, suite.ids) == (
+        "good",
+        GOOD,
+        ["count-errors", "harbor-hello", "tb1-hello"],
+    )
     assert len(suite) == 3 and suite.errors == ()
     assert suite.get("tb1-hello") is not None and suite.get("nope") is None
 
