@@ -47,11 +47,21 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def lease(template: str, *, ttl_s: int | None = None, metadata: dict | None = None) -> Call:
+def lease(
+    template: str,
+    *,
+    ttl_s: int | None = None,
+    metadata: dict | None = None,
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+) -> Call:
+    limits = _drop_none({"cpus": cpus, "memory_mb": memory_mb}) or None
     return Call(
         "POST",
         "/v1/sandboxes",
-        json=_drop_none({"template": template, "ttl_s": ttl_s, "metadata": metadata or {}}),
+        json=_drop_none(
+            {"template": template, "ttl_s": ttl_s, "metadata": metadata or {}, "limits": limits}
+        ),
         model=SandboxOut,
     )
 

@@ -143,10 +143,19 @@ class Client(_Base):
     # -- sandboxes --------------------------------------------------------------------------
 
     def lease(
-        self, template: str, *, ttl_s: int | None = None, metadata: dict | None = None
+        self,
+        template: str,
+        *,
+        ttl_s: int | None = None,
+        metadata: dict | None = None,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
     ) -> SandboxOut:
-        """Lease a sandbox of ``template`` (``QuotaError`` when over quota)."""
-        return self.run(calls.lease(template, ttl_s=ttl_s, metadata=metadata))
+        """Lease a sandbox of ``template`` for ``ttl_s`` seconds, optionally with its own
+        ``cpus`` / ``memory_mb`` (``QuotaError`` when over quota)."""
+        return self.run(
+            calls.lease(template, ttl_s=ttl_s, metadata=metadata, cpus=cpus, memory_mb=memory_mb)
+        )
 
     def list_sandboxes(self, *, include_ended: bool = False) -> SandboxList:
         """The caller's sandboxes (live ones unless ``include_ended``)."""
@@ -416,10 +425,19 @@ class AsyncClient(_Base):
     # -- sandboxes --------------------------------------------------------------------------
 
     async def lease(
-        self, template: str, *, ttl_s: int | None = None, metadata: dict | None = None
+        self,
+        template: str,
+        *,
+        ttl_s: int | None = None,
+        metadata: dict | None = None,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
     ) -> SandboxOut:
-        """Lease a sandbox of ``template`` (``QuotaError`` when over quota)."""
-        return await self.run(calls.lease(template, ttl_s=ttl_s, metadata=metadata))
+        """Lease a sandbox of ``template`` for ``ttl_s`` seconds, optionally with its own
+        ``cpus`` / ``memory_mb`` (``QuotaError`` when over quota)."""
+        return await self.run(
+            calls.lease(template, ttl_s=ttl_s, metadata=metadata, cpus=cpus, memory_mb=memory_mb)
+        )
 
     async def list_sandboxes(self, *, include_ended: bool = False) -> SandboxList:
         """The caller's sandboxes (live ones unless ``include_ended``)."""
