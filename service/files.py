@@ -2,24 +2,37 @@
 
 Rules (DESIGN.md section 5): a path is resolved inside the sandbox (relative paths against
 the template's workdir, symlinks followed by ``realpath`` in the sandbox) and must stay under
-the template's ``files_root``; upload creates parent directories; a tar upload is rewritten
-member by member, refusing absolute names, ``..``, links that leave the destination, and
-special files; ownership follows the template's uid/gid.
+the template's ``files_root``; upload creates parent directories and never replaces a
+directory with a file; a tar upload (plain or compressed, its expansion bounded by the
+upload limit) is rewritten member by member, refusing absolute names, ``..``, members
+written through the archive's own symlinks, links that leave the destination, and special
+files; ownership follows the template's uid/gid.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import posixpath
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from service import audit
 from service.context import ServiceContext
-from service.errors import CrucibleError, InvalidRequest, PathOutsideRoot
+from service.errors import (
+    Conflict,
+    CrucibleError,
+    InvalidRequest,
+    PathOutsideRoot,
+    PayloadTooLarge,
+)
 from service.sandboxes import get_live, runtime_failure
 from service.templates import Template
 from service.tenants import Principal
@@ -49,55 +62,272 @@ def confine(path: str, template: Template) -> str:
     return absolute
 
 
-def sanitize_tar(data: bytes, *, uid: int, gid: int) -> tuple[bytes, int]:
-    """Validate an uploaded tar and rewrite it with safe members; return (tar, member count).
+_MAX_NAME_BYTES = 4096  # PATH_MAX: a longer member name or link target cannot be written
+_MAX_LINK_HOPS = 40  # symlinks followed in one resolution, as the kernel's MAXSYMLINKS
+_MAX_LINK_STEPS = 2_000_000  # path components walked to check one archive's links
+# Compressed uploads by magic number; anything else is read as a plain tar.
+_DECOMPRESSORS: tuple[tuple[bytes, Callable[[BinaryIO], BinaryIO]], ...] = (
+    (b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
+    (b"BZh", lambda f: bz2.BZ2File(f, mode="rb")),
+    (b"\xfd7zXZ\x00", lambda f: lzma.LZMAFile(f, mode="rb")),  # noqa: SIM115 - closed by caller
+)
+# What reading a damaged archive raises: tarfile's errors, a truncated or corrupt
+# compressed stream (EOFError, OSError, zlib.error, LZMAError), a short member (OSError).
+_UNREADABLE = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+class _Expansion:
+    """The uncompressed bytes of an upload, read on demand; raises ``PayloadTooLarge`` as
+    soon as more than ``limit`` bytes come out, so memory stays bounded by the limit."""
+
+    def __init__(self, source: BinaryIO, limit: int) -> None:
+        self._source = source
+        self.limit = limit
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        room = self.limit - self.count + 1  # one byte past the limit tells it is exceeded
+        data = self._source.read(room if size is None or size < 0 else min(size, room))
+        self.count += len(data)
+        if self.count > self.limit:
+            raise PayloadTooLarge(
+                f"the archive expands to more than {self.limit} bytes (the upload limit)",
+                field="body",
+            )
+        return data
+
+
+class _Links:
+    """The archive's symlink members seen so far, to resolve paths lexically inside the
+    destination as the extraction will: through the links the archive itself makes.
+
+    ``current``: name -> target of the symlinks standing now (a later member of the same
+    name replaces one). ``ever``: every name a symlink member had (nothing may be written
+    below one of them). Names are normalized and relative to the destination.
+    """
+
+    def __init__(self) -> None:
+        self.current: dict[str, str] = {}
+        self.ever: set[str] = set()
+        self._steps = 0
+        self._hops = 0
+
+    def through(self, parts: list[str]) -> str | None:
+        """The first proper prefix of ``parts`` that names a symlink member, else None."""
+        prefix = ""
+        for part in parts[:-1]:
+            prefix = f"{prefix}/{part}" if prefix else part
+            if prefix in self.ever:
+                return prefix
+        return None
+
+    def resolve(self, base: list[str], target: str, member: str) -> list[str] | None:
+        """``target`` resolved against directory ``base`` (components), following the
+        current symlinks: the location as its prefixes (``["a", "a/b"]`` for ``a/b``;
+        ``[]`` is the destination), or None when it leaves the destination.
+
+        Raises:
+            InvalidRequest: a symlink loop, or links too many to check (names ``member``).
+        """
+        self._hops = 0
+        prefixes: list[str] = []
+        for part in base:
+            prefixes.append(f"{prefixes[-1]}/{part}" if prefixes else part)
+        return self._walk(prefixes, target, member)
+
+    def locate(self, target: str, member: str) -> str | None:
+        """Where ``target`` (relative to the destination) is, like ``resolve`` but a final
+        symlink not followed (as ``link(2)``); None when outside or the destination."""
+        if target.startswith("/"):
+            return None
+        head, _, last = target.rstrip("/").rpartition("/")
+        if last in ("", ".", ".."):
+            found = self.resolve([], target, member)
+            return found[-1] if found else None
+        parent = self.resolve([], head, member)
+        if parent is None:
+            return None
+        return f"{parent[-1]}/{last}" if parent else last
+
+    def _walk(self, prefixes: list[str], target: str, member: str) -> list[str] | None:
+        if target.startswith("/"):
+            return None
+        for part in target.split("/"):
+            self._steps += 1
+            if self._steps > _MAX_LINK_STEPS:
+                raise InvalidRequest(
+                    f"the archive's links are too many to check (at tar member {member!r})",
+                    field="body",
+                )
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not prefixes:
+                    return None
+                prefixes.pop()
+                continue
+            prefixes.append(f"{prefixes[-1]}/{part}" if prefixes else part)
+            link = self.current.get(prefixes[-1])
+            if link is None:
+                continue
+            self._hops += 1
+            if self._hops > _MAX_LINK_HOPS:
+                raise InvalidRequest(
+                    f"tar member {member!r}: too many levels of symbolic links",
+                    field=f"tar:{member}",
+                )
+            resolved = self._walk(prefixes[:-1], link, member)
+            if resolved is None:
+                return None
+            prefixes = resolved
+        return prefixes
+
+
+def _member_name(m: tarfile.TarInfo) -> str:
+    """The member's name normalized (no ``.`` or empty components); empty for the root.
 
     Raises:
-        InvalidRequest: not a tar. PathOutsideRoot: a member or link escapes (names the member).
+        PathOutsideRoot: an absolute name or a ``..`` component. InvalidRequest: too long.
     """
-    try:
-        src = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 - closed below
-    except (tarfile.TarError, EOFError) as e:
-        raise InvalidRequest(f"body is not a readable tar archive: {e}", field="body") from e
-    out = io.BytesIO()
-    n = 0
-    with src, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
-        for m in src:
-            name = m.name
-            while name.startswith("./"):
-                name = name[2:]
-            if name in ("", "."):
-                continue
-            parts = name.split("/")
-            if name.startswith("/") or ".." in parts:
+    if m.name.startswith("/") or ".." in m.name.split("/"):
+        raise PathOutsideRoot(
+            f"tar member {m.name!r} escapes the destination", field=f"tar:{m.name}"
+        )
+    for what, value in (("name", m.name), ("link target", m.linkname)):
+        if len(value.encode("utf-8", "surrogateescape")) > _MAX_NAME_BYTES:
+            raise InvalidRequest(
+                f"tar member {m.name[:200]!r}: {what} longer than {_MAX_NAME_BYTES} bytes",
+                field=f"tar:{m.name}",
+            )
+    return "/".join(p for p in m.name.split("/") if p not in ("", "."))
+
+
+def _check_links(m: tarfile.TarInfo, name: str, links: _Links) -> None:
+    """Refuse a member written through an earlier symlink member, and a link leaving the
+    destination (resolved through the symlinks defined so far); record symlinks."""
+    parts = name.split("/")
+    via = links.through(parts)
+    if via is not None:
+        raise PathOutsideRoot(
+            f"tar member {m.name!r} goes through {via!r}, a symlink defined earlier in "
+            "the archive; members may not be written through links",
+            field=f"tar:{m.name}",
+        )
+    links.current.pop(name, None)  # the member replaces whatever stood at its name
+    if m.issym():
+        if links.resolve(parts[:-1], m.linkname, m.name) is None:
+            raise PathOutsideRoot(
+                f"tar member {m.name!r} links to {m.linkname!r}, outside the destination",
+                field=f"tar:{m.name}",
+            )
+        links.current[name] = m.linkname
+        links.ever.add(name)
+    elif m.islnk():
+        # The engine cleans the target lexically before link(2), GNU tar does not: both
+        # readings must stay inside. link(2) does not follow a final symlink: linking to a
+        # symlink member makes another symlink, with the same target, at this member.
+        for target in dict.fromkeys((m.linkname, posixpath.normpath(m.linkname))):
+            found = links.locate(target, m.name)
+            if not found:
                 raise PathOutsideRoot(
-                    f"tar member {m.name!r} escapes the destination", field=f"tar:{m.name}"
-                )
-            if m.issym():
-                target = posixpath.normpath(posixpath.join(posixpath.dirname(name), m.linkname))
-                if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                    raise PathOutsideRoot(
-                        f"tar member {m.name!r} links to {m.linkname!r}, outside the destination",
-                        field=f"tar:{m.name}",
-                    )
-            elif m.islnk():
-                target = posixpath.normpath(m.linkname)
-                if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                    raise PathOutsideRoot(
-                        f"tar member {m.name!r} hard-links to {m.linkname!r}, "
-                        "outside the destination",
-                        field=f"tar:{m.name}",
-                    )
-            elif not (m.isfile() or m.isdir()):
-                raise InvalidRequest(
-                    f"tar member {m.name!r}: only files, directories and links are allowed",
+                    f"tar member {m.name!r} hard-links to {m.linkname!r}, outside the destination",
                     field=f"tar:{m.name}",
                 )
-            m.name = name
-            m.uid, m.gid, m.uname, m.gname = uid, gid, "", ""
-            m.mode &= 0o1777  # no setuid/setgid
-            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
-            n += 1
+            copied = links.current.get(found)
+            if copied is not None:
+                if links.resolve(parts[:-1], copied, m.name) is None:
+                    raise PathOutsideRoot(
+                        f"tar member {m.name!r} hard-links to the symlink {m.linkname!r}, "
+                        f"which leads outside the destination from {m.name!r}",
+                        field=f"tar:{m.name}",
+                    )
+                links.current[name] = copied
+                links.ever.add(name)
+
+
+def _open_source(data: bytes) -> tuple[BinaryIO, bool]:
+    """A reader of ``data`` uncompressed (gzip, bzip2 and xz by magic number), and
+    whether it was compressed."""
+    raw = io.BytesIO(data)
+    for magic, opener in _DECOMPRESSORS:
+        if data.startswith(magic):
+            return opener(raw), True
+    return raw, False
+
+
+def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) -> tuple[bytes, int]:
+    """Validate an uploaded tar (plain, gzip, bzip2 or xz) and rewrite it, uncompressed,
+    with safe members; return (tar, member count).
+
+    Members are read one at a time; the uncompressed bytes may not exceed
+    ``max_expanded_bytes`` (counted as they are read, and a member's declared size is
+    checked before its data is), so memory stays bounded by the limit. Refused: absolute
+    names, ``..``, names or link targets over 4096 bytes, special files, a member whose
+    path goes through a symlink member defined earlier in the archive, and a symlink or
+    hard link whose target, resolved lexically through the archive's symlinks, leaves the
+    destination (symlinks are checked when defined and again once all are known, since a
+    later one can change where an earlier one leads). Owners become ``uid``/``gid``;
+    setuid and setgid bits are dropped.
+
+    Raises:
+        InvalidRequest: not a readable tar (also truncated or corrupt; field ``body``), a
+            special file, a symlink loop. PathOutsideRoot: a member or link escapes (the
+            field names the member). PayloadTooLarge: expands past ``max_expanded_bytes``.
+    """
+    source, compressed = _open_source(data)
+    expansion = _Expansion(source, max_expanded_bytes)
+    links = _Links()
+    out = io.BytesIO()
+    n = 0
+    try:
+        with (
+            source,
+            tarfile.open(fileobj=expansion, mode="r|") as src,
+            tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst,
+        ):
+            while (m := src.next()) is not None:
+                src.members.clear()  # members are not looked up again: keep memory flat
+                name = _member_name(m)
+                if not name:
+                    continue
+                if m.isfile():
+                    if not compressed and not m.issparse() and m.offset_data + m.size > len(data):
+                        raise InvalidRequest(
+                            f"body is not a readable tar archive: tar member {m.name!r} "
+                            f"declares {m.size} bytes past the end of the body "
+                            "(truncated, or a corrupt size field)",
+                            field="body",
+                        )
+                    if m.offset_data + m.size > max_expanded_bytes:
+                        raise PayloadTooLarge(
+                            f"the archive expands to more than {max_expanded_bytes} bytes "
+                            f"(the upload limit): tar member {m.name!r} holds {m.size} bytes",
+                            field="body",
+                        )
+                    m.type = tarfile.REGTYPE  # sparse and contiguous files become plain
+                elif not (m.isdir() or m.issym() or m.islnk()):
+                    raise InvalidRequest(
+                        f"tar member {m.name!r}: only files, directories and links are allowed",
+                        field=f"tar:{m.name}",
+                    )
+                _check_links(m, name, links)
+                m.name = name
+                m.uid, m.gid, m.uname, m.gname = uid, gid, "", ""
+                m.mode &= 0o1777  # no setuid/setgid
+                dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+                n += 1
+            if compressed:  # read to the end of the stream: its checksum is checked there
+                while expansion.read(1 << 16):
+                    pass
+            for name, target in links.current.items():  # the links as they finally stand
+                if links.resolve(name.split("/")[:-1], target, name) is None:
+                    raise PathOutsideRoot(
+                        f"tar member {name!r} links to {target!r}, which leaves the "
+                        "destination once the archive's later symlinks are in place",
+                        field=f"tar:{name}",
+                    )
+    except _UNREADABLE as e:
+        raise InvalidRequest(f"body is not a readable tar archive: {e}", field="body") from e
     return out.getvalue(), n
 
 
@@ -140,14 +370,31 @@ def put(
 ) -> tuple[str, int]:
     """Upload ``data`` to ``path`` (a file) or extract it (a tar) into directory ``path``.
 
-    Returns (resolved path, bytes written). Audited as ``sandbox.file_put``.
+    A file never replaces a directory: ``path`` naming one is a ``Conflict`` (asked of the
+    engine, no exec). What the sandbox's filesystem refuses (a read-only mount, a dangling
+    symlink or a file on the way, a name too long) is the client's error (400/409, field
+    ``path`` or ``tar:<member>``), not the runtime's. Returns (resolved path, bytes
+    written). Audited as ``sandbox.file_put``.
+
+    Raises:
+        InvalidRequest, PathOutsideRoot, PayloadTooLarge: see ``confine`` and
+            ``sanitize_tar``. Conflict: a directory in the way, the filesystem refuses.
+        NotFound, SandboxError: the sandbox or the runtime failed.
     """
     row = get_live(ctx, principal, sandbox_id)
     tpl = ctx.templates.get(row.template)
     target = confine(path, tpl)
+    if is_tar:
+        tar, _ = sanitize_tar(
+            data, uid=tpl.uid, gid=tpl.gid, max_expanded_bytes=ctx.settings.max_upload_bytes
+        )
+    elif target == "/" or path.endswith("/"):
+        raise InvalidRequest(
+            "path names a directory; send a tar with Content-Type: application/x-tar",
+            field="path",
+        )
     try:
         if is_tar:
-            tar, _ = sanitize_tar(data, uid=tpl.uid, gid=tpl.gid)
             # Resolving a child of ``target`` with create_parents makes ``target`` itself
             # (mkdir -p) and returns its resolved path as the child's parent.
             child = _resolve(
@@ -155,19 +402,23 @@ def put(
             )
             dest = posixpath.dirname(child)
         else:
-            if target == "/" or path.endswith("/"):
-                raise InvalidRequest(
-                    "path names a directory; send a tar with Content-Type: application/x-tar",
+            resolved = _resolve(ctx, row.container_id, target, tpl, create_parents=True)
+            found = ctx.runtime.stat_path(row.container_id, resolved)
+            if found is not None and found.kind == "dir":
+                raise Conflict(
+                    f"path is a directory ({resolved}); send a tar with "
+                    "Content-Type: application/x-tar to extract into it",
                     field="path",
                 )
-            resolved = _resolve(ctx, row.container_id, target, tpl, create_parents=True)
             dest = posixpath.dirname(resolved)
             tar = _one_file_tar(posixpath.basename(resolved), data, uid=tpl.uid, gid=tpl.gid)
             target = resolved
         ctx.runtime.put_archive(row.container_id, dest, tar)
+    except (InvalidRequest, Conflict) as e:
+        if not is_tar and e.field and e.field.startswith("tar:"):
+            raise type(e)(e.detail, field="path") from e  # the one member is ``path``
+        raise
     except CrucibleError as e:
-        if isinstance(e, InvalidRequest):
-            raise
         raise runtime_failure(ctx, principal, sandbox_id, e) from e
     with ctx.db.session() as s:
         audit.record(

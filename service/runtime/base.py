@@ -100,6 +100,20 @@ class FsChange:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PathStat:
+    """One path in a container, as ``lstat`` sees it (a final symlink is not followed).
+
+    ``kind`` is ``file``, ``dir``, ``symlink`` or ``other``; ``size`` in bytes; ``mode`` the
+    permission bits (0o7777); ``link_target`` the target of a symlink, else empty.
+    """
+
+    kind: Literal["file", "dir", "symlink", "other"]
+    size: int = 0
+    mode: int = 0
+    link_target: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ContainerInfo:
     """A container as the engine reports it, with Crucible's labels."""
 
@@ -150,6 +164,11 @@ class SandboxRuntime(Protocol):
 
     def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
         """Stream a tar of ``path`` from the container."""
+        ...
+
+    def stat_path(self, container_id: str, path: str) -> PathStat | None:
+        """What absolute ``path`` is in the container (None when it does not exist); asked
+        of the engine where it can answer, so it costs no exec on the hot path."""
         ...
 
     def update_limits(self, container_id: str, *, cpus: float, memory_bytes: int) -> None:

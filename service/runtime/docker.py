@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import os
 import posixpath
+import re
 import stat
 import struct
 import threading
@@ -33,10 +34,11 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.utils
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
-from service.errors import CrucibleError, InvalidRequest, NotFound, SandboxError
+from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound, SandboxError
 from service.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_SANDBOX_ID,
@@ -46,6 +48,7 @@ from service.runtime.base import (
     ExecRequest,
     ExecResult,
     FsChange,
+    PathStat,
     SandboxSpec,
 )
 from service.runtime.protocol import (
@@ -134,6 +137,110 @@ def _engine_exec_error(text: bytes, what: str) -> CrucibleError:
     if "unable to find user" in message or "no matching entries in passwd" in message:
         return InvalidRequest(message, field="user")
     return SandboxError(f"{what}: the engine could not start the exec supervisor: {message}")
+
+
+# Go's os.FileMode bits in the engine's path stat (X-Docker-Container-Path-Stat).
+_GO_MODE_DIR = 1 << 31
+_GO_MODE_SYMLINK = 1 << 27
+_GO_MODE_TYPE = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+_GO_MODE_SPECIAL = ((1 << 23, 0o4000), (1 << 22, 0o2000), (1 << 20, 0o1000))
+
+# An extraction refused by the sandbox's filesystem because of what the client sent, by the
+# errno text (Go's and GNU tar's, compared lower case): the error class and what it means.
+# Anything else (no space left, permission denied, engine trouble) stays a SandboxError.
+_EXTRACT_ERRNOS: dict[str, tuple[type[CrucibleError], str]] = {
+    "file name too long": (InvalidRequest, "the name is too long for the sandbox's filesystem"),
+    "no such file or directory": (
+        Conflict,
+        "a directory on its path does not exist (a dangling symlink?)",
+    ),
+    "not a directory": (Conflict, "a component of its path is not a directory"),
+    "is a directory": (Conflict, "a directory is in the way"),
+    "file exists": (Conflict, "something is in the way (a non-empty directory?)"),
+    "directory not empty": (Conflict, "a non-empty directory is in the way"),
+    "read-only file system": (Conflict, "it lies on a read-only filesystem"),
+    "too many levels of symbolic links": (Conflict, "its path has a symlink loop"),
+    "device or resource busy": (Conflict, "it is a mount point (e.g. /etc/hosts, the engine's)"),
+}
+_ENGINE_READ_ONLY = ("mounted volume is marked read-only", "container rootfs is marked read-only")
+_GNU_TAR_FAILURE = re.compile(r"^tar: (?P<member>.+?): (?:Cannot|Could not) [^:]*: (?P<reason>.+)$")
+_DETAIL_NAME_CHARS = 200
+
+
+def _path_stat(raw: dict[str, Any]) -> PathStat:
+    """A ``PathStat`` from the engine's stat of a path (Go ``os.FileMode`` in ``mode``)."""
+    mode = int(raw.get("mode") or 0)
+    if mode & _GO_MODE_DIR:
+        kind = "dir"
+    elif mode & _GO_MODE_SYMLINK:
+        kind = "symlink"
+    elif mode & _GO_MODE_TYPE:
+        kind = "other"
+    else:
+        kind = "file"
+    perm = (mode & 0o777) | sum(bit for go, bit in _GO_MODE_SPECIAL if mode & go)
+    return PathStat(
+        kind=kind,
+        size=int(raw.get("size") or 0),
+        mode=perm,
+        link_target=str(raw.get("linkTarget") or ""),
+    )
+
+
+def _short(name: str) -> str:
+    """``name`` for a message: cut to ``_DETAIL_NAME_CHARS`` characters."""
+    return name if len(name) <= _DETAIL_NAME_CHARS else name[:_DETAIL_NAME_CHARS] + "..."
+
+
+def _extract_error(member: str | None, reason: str, dest_dir: str) -> CrucibleError | None:
+    """The client-side error for an extraction the filesystem refused with ``reason`` (an
+    errno text) at ``member`` (None: unknown), or None when ``reason`` is not the client's
+    doing. The field names the member (``tar:<name>``) when known, else ``path``."""
+    known = _EXTRACT_ERRNOS.get(reason.strip().lower())
+    if known is None:
+        return None
+    cls, meaning = known
+    if member:
+        written = _short(posixpath.join(dest_dir, member))
+        return cls(
+            f"cannot write {written}: {meaning} ({reason.strip()}); nothing after it was written",
+            field=f"tar:{member}",
+        )
+    return cls(f"extracting into {dest_dir}: {meaning} ({reason.strip()})", field="path")
+
+
+def _engine_extract_error(message: str, dest_dir: str) -> CrucibleError | None:
+    """``_extract_error`` for the engine's answer to a put of an archive, e.g. ``Error
+    processing tar file(exit status 1): open /workspace/d/x: no such file or directory``."""
+    text = message.strip()
+    low = text.lower()
+    if any(marker in low for marker in _ENGINE_READ_ONLY):
+        return Conflict(
+            f"{dest_dir} is on a read-only mount of the sandbox; nothing was written",
+            field="path",
+        )
+    if "extraction point is not a directory" in low:
+        return Conflict(f"{dest_dir} is not a directory", field="path")
+    if not low.startswith("error processing tar file"):
+        return None
+    head, _, reason = text.rpartition(": ")
+    op, _, path = (head.partition("): ")[2] or head).partition(" ")
+    prefix = dest_dir.rstrip("/") + "/"
+    if op in ("link", "symlink"):  # Go's LinkError: "<op> <old> <new>"; the member is <new>
+        at = path.rfind(" " + prefix)
+        path = path[at + 1 :] if at >= 0 else path
+    member = path[len(prefix) :] if path.startswith(prefix) else None
+    return _extract_error(member, reason, dest_dir)
+
+
+def _tar_extract_error(stderr: str, dest_dir: str) -> CrucibleError | None:
+    """``_extract_error`` for GNU tar's complaint, e.g. ``tar: d/x: Cannot open: Not a
+    directory`` (the first line that says which member)."""
+    for line in stderr.splitlines():
+        match = _GNU_TAR_FAILURE.match(line.strip())
+        if match:
+            return _extract_error(match["member"], match["reason"], dest_dir)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,19 +801,60 @@ class DockerRuntime:
         """Extract a tar (validated by the caller) into existing ``dest_dir``.
 
         Raises ``NotFound`` when the container or ``dest_dir`` is missing (the message
-        says which), ``SandboxError`` otherwise. The engine's archive API does not see
-        tmpfs mounts, so there the tar is extracted by ``tar -x`` in the sandbox (as root,
-        like the engine; the image needs ``tar``).
+        says which); ``InvalidRequest`` or ``Conflict`` when the sandbox's filesystem
+        refuses what the tar asks (a read-only mount, a member through a dangling symlink
+        or a file, a name too long: field ``tar:<member>`` when the engine names it, else
+        ``path``); ``SandboxError`` otherwise. The engine's archive API does not see tmpfs
+        mounts, so there the tar is extracted by ``tar -x`` in the sandbox (as root, like
+        the engine; the image needs ``tar``).
         """
         if self._container_meta(container_id).on_tmpfs(dest_dir):
-            self._tar_in_sandbox(container_id, ["-x", "-f", "-", "-C", dest_dir], tar_bytes)
+            self._tar_in_sandbox(
+                container_id, ["-x", "-f", "-", "-C", dest_dir], tar_bytes, extract_into=dest_dir
+            )
             return
         try:
             ok = self._api.put_archive(container_id, dest_dir, tar_bytes)
         except Exception as e:
-            raise self._map_path_error(e, container_id, dest_dir) from e
+            raise self._map_put_error(e, container_id, dest_dir) from e
         if not ok:
             raise SandboxError(f"extracting into {dest_dir} of container {container_id} failed")
+
+    def stat_path(self, container_id: str, path: str) -> PathStat | None:
+        """What absolute ``path`` is (``lstat``: a final symlink is not followed), or None
+        when it does not exist.
+
+        One ``HEAD /containers/{id}/archive`` to the engine, no exec. On a tmpfs mount
+        (invisible to the engine's archive API) a shell test in the sandbox answers, and
+        only ``kind`` is known. A missing container reads as a missing path (the call that
+        follows reports it); an unreachable engine raises ``SandboxError``.
+        """
+        if self._container_meta(container_id).on_tmpfs(path):
+            return self._stat_in_sandbox(container_id, path)
+        what = f"container {container_id}, stat of {path}"
+        try:
+            url = self._api._url("/containers/{0}/archive", container_id)
+            response = self._api.head(url, params={"path": path}, timeout=self._api.timeout)
+        except Exception as e:
+            raise _map_error(e, what) from e
+        header = response.headers.get("X-Docker-Container-Path-Stat")
+        if response.status_code != 200 or not header:
+            return None
+        try:
+            return _path_stat(docker.utils.decode_json_header(header))
+        except (ValueError, TypeError) as e:
+            raise SandboxError(f"{what}: unreadable answer from the engine: {e}") from e
+
+    def _stat_in_sandbox(self, container_id: str, path: str) -> PathStat | None:
+        script = (
+            'if [ -L "$1" ]; then echo symlink; elif [ -d "$1" ]; then echo dir; '
+            'elif [ -f "$1" ]; then echo file; elif [ -e "$1" ]; then echo other; fi'
+        )
+        request = ExecRequest(cmd=["/bin/sh", "-c", script, "sh", path], user="0", timeout_s=30)
+        kind = self.exec(container_id, request).stdout.decode("utf-8", "replace").strip()
+        if kind not in ("file", "dir", "symlink", "other"):
+            return None
+        return PathStat(kind=kind)
 
     def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
         """A tar of ``path`` from the container, streamed in chunks (errors raise at call).
@@ -723,8 +871,19 @@ class DockerRuntime:
             raise self._map_path_error(e, container_id, path) from e
         return self._guard_stream(stream, f"reading {path} from container {container_id}")
 
-    def _tar_in_sandbox(self, container_id: str, args: list[str], stdin: bytes = b"") -> bytes:
-        """Run ``tar args`` as root in the sandbox; return its stdout (the whole of it)."""
+    def _tar_in_sandbox(
+        self,
+        container_id: str,
+        args: list[str],
+        stdin: bytes = b"",
+        *,
+        extract_into: str | None = None,
+    ) -> bytes:
+        """Run ``tar args`` as root in the sandbox; return its stdout (the whole of it).
+
+        ``extract_into``: the directory an extraction writes to, so that a member the
+        filesystem refuses becomes the client's error (see ``put_archive``).
+        """
         request = ExecRequest(
             cmd=["tar", *args],
             stdin=stdin,
@@ -736,7 +895,11 @@ class DockerRuntime:
         if result.exit_code == 0 and not result.stdout_truncated:
             return result.stdout
         message = result.stderr.decode("utf-8", "replace").strip()[-2000:]
-        if "No such file or directory" in message:
+        if extract_into is not None:
+            mapped = _tar_extract_error(message, extract_into)
+            if mapped is not None:
+                raise mapped
+        elif "No such file or directory" in message:
             raise NotFound(f"no such file or directory in the sandbox: {message}", field="path")
         raise SandboxError(
             f"tar {' '.join(args[:1])} in container {container_id} failed: {message}"
@@ -748,6 +911,16 @@ class DockerRuntime:
             yield from stream
         except Exception as e:
             raise _map_error(e, what) from e
+
+    @classmethod
+    def _map_put_error(cls, e: Exception, container_id: str, dest_dir: str) -> CrucibleError:
+        """``_map_path_error``, but the filesystem refusing the archive's content is the
+        client's error (``_engine_extract_error``), not the engine's."""
+        if isinstance(e, docker.errors.APIError) and not isinstance(e, docker.errors.NotFound):
+            mapped = _engine_extract_error(_explain(e), dest_dir)
+            if mapped is not None:
+                return mapped
+        return cls._map_path_error(e, container_id, dest_dir)
 
     @staticmethod
     def _map_path_error(e: Exception, container_id: str, path: str) -> CrucibleError:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import bz2
+import gzip
 import io
 import json
+import lzma
 import tarfile
 import time
 from typing import Any
@@ -443,3 +446,245 @@ def test_lone_surrogates_are_refused_and_nothing_is_stored(
     assert_problem(r, 422, field)
     listed = stack.alice.get("/v1/sandboxes")
     assert listed.status_code == 200 and len(listed.json()["sandboxes"]) == before
+
+
+# ------------------------------------------------ file API: bounded, refused, never a 5xx
+
+
+def _put(stack: Stack, sid: str, path: str, body: bytes, *, tar: bool = True) -> httpx.Response:
+    headers = {"content-type": "application/x-tar" if tar else "application/octet-stream"}
+    return stack.alice.put(
+        f"/v1/sandboxes/{sid}/files", params={"path": path}, content=body, headers=headers
+    )
+
+
+def _zeros_tar_gz(name: str, size: int) -> bytes:
+    """A .tar.gz holding ``size`` zero bytes as ``name``, written without holding them."""
+
+    class Zeros:
+        def read(self, n: int) -> bytes:
+            return bytes(n)
+
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz, tarfile.open(fileobj=gz, mode="w|") as t:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        t.addfile(info, Zeros())  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def test_compressed_tar_uploads_are_bounded_by_the_upload_limit(stack: Stack, sandbox: str) -> None:
+    ok = _tar([("gz.txt", b"g" * 300_000, None)])
+    for name, packed in (
+        ("gz", gzip.compress(ok)),
+        ("bz2", bz2.compress(ok)),
+        ("xz", lzma.compress(ok)),
+    ):
+        r = _put(stack, sandbox, f"packed/{name}", packed)
+        assert r.status_code == 200, r.text
+        out = run(stack.alice, sandbox, f"wc -c < /workspace/packed/{name}/gz.txt")
+        assert out["stdout"] == "300000\n"
+    bomb = _zeros_tar_gz("zeros.bin", 256 << 20)  # ~256 KiB compressed, 256 MiB expanded
+    assert len(bomb) < 1 << 20
+    body = assert_problem(_put(stack, sandbox, "bomb", bomb), 413, "body")
+    assert "expands to more than" in body["detail"]
+    # many members, each small, add up past the limit too
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz, tarfile.open(fileobj=gz, mode="w|") as t:
+        for i in range(8):
+            info = tarfile.TarInfo(f"part{i}")
+            info.size = 256 << 10
+            t.addfile(info, io.BytesIO(bytes(info.size)))
+    assert_problem(_put(stack, sandbox, "bomb", buf.getvalue()), 413, "body")
+    out = run(stack.alice, sandbox, "ls /workspace/bomb 2>&1")
+    assert "No such file" in out["stdout"]
+
+
+def _with_size(tar: bytes, header_offset: int, size: int) -> bytes:
+    """``tar`` with the size field of the header at ``header_offset`` rewritten (and its
+    checksum fixed), so only the size is corrupt."""
+    b = bytearray(tar)
+    b[header_offset + 124 : header_offset + 136] = b"%011o\0" % size
+    header = bytearray(b[header_offset : header_offset + 512])
+    header[148:156] = b" " * 8
+    b[header_offset + 148 : header_offset + 156] = b"%06o\0 " % sum(header)
+    return bytes(b)
+
+
+@pytest.mark.parametrize(
+    "kind", ["truncated", "corrupt-size", "corrupt-size-gz", "truncated-gz", "crc-gz", "not-a-tar"]
+)
+def test_unreadable_tars_are_400(stack: Stack, sandbox: str, kind: str) -> None:
+    good = _tar([("first.txt", b"1" * 600, None), ("second.txt", bytes(range(256)) * 40, None)])
+    second = 512 + 1024  # header of the second member
+    body = {
+        "truncated": good[: second + 512 + 3000],
+        "corrupt-size": _with_size(good, second, 0o77777777777),
+        "corrupt-size-gz": gzip.compress(_with_size(good, second, 20_000)),
+        "truncated-gz": gzip.compress(good)[:-300],
+        "crc-gz": gzip.compress(good)[:-8] + b"\0" * 8,
+        "not-a-tar": b"this is not a tar archive" * 40,
+    }[kind]
+    problem = assert_problem(_put(stack, sandbox, f"unreadable-{kind}", body), 400, "body")
+    assert "not a readable tar archive" in problem["detail"]
+    out = run(stack.alice, sandbox, f"ls /workspace/unreadable-{kind} 2>&1")
+    assert "first.txt" not in out["stdout"]
+
+
+def _link_tar(members: list[tuple[str, str, str]]) -> bytes:
+    """A tar of (name, kind, link target) with kind ``sym``, ``hard``, ``file`` or ``dir``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, kind, link in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                info.size = len(link)
+                t.addfile(info, io.BytesIO(link.encode()))
+                continue
+            info.type = {"sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE, "dir": tarfile.DIRTYPE}[
+                kind
+            ]
+            info.linkname = link
+            t.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("members", "needle"),
+    [
+        # the tester's escape: s/up2 -> up/.. leads to the destination's parent
+        (
+            [
+                ("s/up", "sym", ".."),
+                ("s/up2", "sym", "up/.."),
+                ("s/up2/escaped.txt", "file", "pwned"),
+            ],
+            "s/up2",
+        ),
+        # any member below an earlier symlink, even one that stays inside
+        ([("s/in", "sym", "../t"), ("s/in/escaped.txt", "file", "x")], "s/in/escaped.txt"),
+        # a later symlink changes where an earlier one leads
+        ([("a", "sym", "b/.."), ("b", "sym", "."), ("ok.txt", "file", "x")], "'a'"),
+        # a hard link whose target goes through the archive's links
+        (
+            [("s/up", "sym", ".."), ("h", "hard", "s/up/../escaped.txt")],
+            "'h'",
+        ),
+    ],
+)
+def test_tar_members_through_archive_symlinks_are_refused(
+    stack: Stack, sandbox: str, members: list[tuple[str, str, str]], needle: str
+) -> None:
+    run(stack.alice, sandbox, "rm -rf /workspace/x /workspace/escaped.txt")
+    problem = assert_problem(_put(stack, sandbox, "x", _link_tar(members)), 400)
+    assert needle in problem["detail"] and problem["field"].startswith("tar:")
+    out = run(
+        stack.alice, sandbox, "ls /workspace/escaped.txt /workspace/x/s /workspace/x/ok.txt 2>&1"
+    )
+    assert out["stdout"].count("No such file") == 3, out
+
+
+def test_tar_with_links_that_stay_inside_is_extracted(stack: Stack, sandbox: str) -> None:
+    members = [
+        ("lib/libfoo.so", "sym", "libfoo.so.1"),  # sorted order: the chain is defined backwards
+        ("lib/libfoo.so.1", "sym", "libfoo.so.1.2"),
+        ("lib/libfoo.so.1.2", "file", "elf"),
+        ("bin", "sym", "lib"),
+        ("lib/up", "sym", ".."),
+        ("hard", "hard", "lib/libfoo.so.1.2"),
+    ]
+    r = _put(stack, sandbox, "linked", _link_tar(members))
+    assert r.status_code == 200, r.text
+    out = run(
+        stack.alice, sandbox, "cd /workspace/linked && cat lib/libfoo.so bin/libfoo.so.1 hard"
+    )
+    assert out["stdout"] == "elfelfelf"
+
+
+def test_file_upload_onto_a_directory_is_409(stack: Stack, sandbox: str) -> None:
+    run(
+        stack.alice,
+        sandbox,
+        "mkdir -p /workspace/proj/sub && echo keep > /workspace/proj/sub/f "
+        "&& ln -sfn proj /workspace/projlink",
+    )
+    for path in ("proj", "/workspace/proj", "projlink", ".", "/workspace", "proj/sub"):
+        problem = assert_problem(_put(stack, sandbox, path, b"clobber", tar=False), 409, "path")
+        assert "is a directory" in problem["detail"] and "application/x-tar" in problem["detail"]
+    out = run(stack.alice, sandbox, "cat /workspace/proj/sub/f; pwd; test -L /workspace/projlink")
+    assert out["stdout"] == "keep\n/workspace\n" and out["exit_code"] == 0
+    # a file is still replaced, and a tar still extracts into the directory
+    r = _put(stack, sandbox, "proj/sub/f", b"new", tar=False)
+    assert r.status_code == 200, r.text
+    r = _put(stack, sandbox, "proj", _tar([("g.txt", b"g", None)]))
+    assert r.status_code == 200, r.text
+    assert (
+        run(stack.alice, sandbox, "cat /workspace/proj/sub/f /workspace/proj/g.txt")["stdout"]
+        == "newg"
+    )
+
+
+def test_filesystem_refusals_are_client_errors(stack: Stack, sandbox: str) -> None:
+    run(
+        stack.alice,
+        sandbox,
+        "mkdir -p /workspace/fsz && ln -sfn /nonexistent/dir /workspace/fsz/dangle "
+        "&& echo f > /workspace/fsz/plain",
+    )
+    # the supervisor's read-only mount
+    problem = assert_problem(_put(stack, sandbox, "/opt/crucible/x", b"x", tar=False), 409, "path")
+    assert "read-only" in problem["detail"]
+    problem = assert_problem(_put(stack, sandbox, "/opt/crucible", _tar([("x", b"x", None)])), 409)
+    assert "read-only" in problem["detail"]
+    # a file the engine bind-mounts
+    problem = assert_problem(_put(stack, sandbox, "/etc/hostname", b"x", tar=False), 409, "path")
+    assert "mount point" in problem["detail"]
+    # a member written through a dangling symlink, or through a file
+    problem = assert_problem(
+        _put(stack, sandbox, "fsz", _tar([("dangle/x", b"x", None)])), 409, "tar:dangle/x"
+    )
+    assert "dangling symlink" in problem["detail"]
+    problem = assert_problem(
+        _put(stack, sandbox, "fsz", _tar([("plain/x", b"x", None)])), 409, "tar:plain/x"
+    )
+    assert "not a directory" in problem["detail"]
+    # names the filesystem cannot hold
+    long = "n" * 300
+    problem = assert_problem(
+        _put(stack, sandbox, "fsz", _tar([(f"d/{long}", b"x", None)])), 400, f"tar:d/{long}"
+    )
+    assert "too long" in problem["detail"] and len(problem["detail"]) < 1000
+    r = _put(stack, sandbox, f"fsz/{long}", b"x", tar=False)
+    assert 400 <= r.status_code < 500, r.text
+    assert_problem(r, r.status_code, "path")
+    assert run(stack.alice, sandbox, "ls /opt/crucible")["stdout"] == "crucible-exec\n"
+
+
+def test_runtime_stat_path_and_tmpfs_extraction_errors(
+    docker_runtime: Any, make_sandbox: Any
+) -> None:
+    from service.errors import Conflict
+    from service.runtime.base import ExecRequest
+
+    box = make_sandbox(tmpfs={"/scratch": 8 << 20})
+    script = (
+        "mkdir -p /workspace/d /scratch/d/e && echo hi > /workspace/f && ln -s d /workspace/l "
+        "&& ln -s /nonexistent /scratch/dangle && echo x > /scratch/d/e/f"
+    )
+    assert docker_runtime.exec(box, ExecRequest(cmd=script)).exit_code == 0
+    stat = docker_runtime.stat_path
+    assert stat(box, "/workspace/d").kind == "dir"
+    f = stat(box, "/workspace/f")
+    assert (f.kind, f.size, f.mode) == ("file", 3, 0o644)
+    link = stat(box, "/workspace/l")
+    assert (link.kind, link.link_target) == ("symlink", "/workspace/d")
+    assert stat(box, "/workspace/missing") is None
+    assert stat(box, "/scratch/d").kind == "dir"  # invisible to the engine: asked in the box
+    assert stat(box, "/scratch/d/e/f").kind == "file"
+    assert stat(box, "/scratch/missing") is None
+    with pytest.raises(Conflict) as err:
+        docker_runtime.put_archive(box, "/scratch", _tar([("dangle/x", b"x", None)]))
+    assert err.value.field == "tar:dangle/x"
+    with pytest.raises(Conflict) as err:
+        docker_runtime.put_archive(box, "/scratch", _tar([("d", b"file over a dir", None)]))
+    assert err.value.field == "tar:d"
