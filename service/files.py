@@ -44,6 +44,10 @@ def within(path: str, root: str) -> bool:
     return root == "/" or path == root or path.startswith(root + "/")
 
 
+# Mounts the engine's archive API cannot see into: it would write beneath them, invisibly.
+KERNEL_MOUNTS = ("/proc", "/sys", "/dev")
+
+
 def confine(path: str, template: Template) -> str:
     """Normalize ``path`` (relative to the workdir) and check it stays under ``files_root``.
 
@@ -58,6 +62,12 @@ def confine(path: str, template: Template) -> str:
     if not within(absolute, template.files_root):
         raise PathOutsideRoot(
             f"path {path!r} resolves to {absolute!r}, outside {template.files_root!r}", field="path"
+        )
+    if any(within(absolute, k) for k in KERNEL_MOUNTS):
+        raise PathOutsideRoot(
+            f"path {path!r} is under a kernel filesystem ({absolute!r}); the file API does not "
+            "reach /proc, /sys or /dev",
+            field="path",
         )
     return absolute
 

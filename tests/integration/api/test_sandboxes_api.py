@@ -688,3 +688,10 @@ def test_runtime_stat_path_and_tmpfs_extraction_errors(
     with pytest.raises(Conflict) as err:
         docker_runtime.put_archive(box, "/scratch", _tar([("d", b"file over a dir", None)]))
     assert err.value.field == "tar:d"
+
+
+@pytest.mark.parametrize("path", ["/proc/x", "/sys/kernel/x", "/dev/null", "../../dev/shm/x"])
+def test_kernel_filesystems_are_out_of_reach(stack: Stack, sandbox: str, path: str) -> None:
+    # Regression: PUT /proc/x answered 200 and wrote beneath the mount, invisibly.
+    r = stack.alice.put(f"/v1/sandboxes/{sandbox}/files", params={"path": path}, content=b"x")
+    assert_problem(r, 400, "path")
