@@ -226,6 +226,14 @@ def verify(
         stored = rewards.by_episode(ctx.db, episode_id)
         if stored is not None:
             return stored
+    # A bad trajectory is refused before any verification work (a placeholder verdict).
+    build_record(
+        ep,
+        VerifierResult(name="check", version="", status="ok", reward=0.0),
+        trajectory=trajectory,
+        verify_ms=0.0,
+        snapshot_id=None,
+    )
     with ctx.db.session() as s:
         got = s.execute(
             update(Episode)
@@ -255,6 +263,8 @@ def verify(
             ep, result, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id
         )
     except InvalidRequest:
+        # The worker sent a bad trajectory: nothing is stored, the episode stays verifiable,
+        # and the end-state snapshot taken for this attempt goes.
         with ctx.db.session() as s:
             s.execute(
                 update(Episode)
@@ -262,6 +272,8 @@ def verify(
                 .values(state="running")
                 .execution_options(synchronize_session=False)
             )
+        if snapshot_id:
+            sandboxes.delete_snapshot(ctx, principal, snapshot_id)
         raise
     with ctx.db.session() as s:
         row = rewards.store(s, record, tenant_id=principal.tenant_id)
