@@ -7,6 +7,7 @@ import io
 import json
 import tarfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +274,13 @@ def test_untagged_snapshot_images_are_pruned_once_unused(stack: Stack) -> None:
             }
         )
     )
-    stack.ctx.pools._pruned_at = 0.0  # due now
-    stack.ctx.pools.tick()
-    stack.wait_for(lambda: dangling() == [], timeout_s=30)
+
+    def pruned() -> bool:
+        # Each call is one maintenance tick with the prune due (it runs once a minute);
+        # images other tests' containers still use are pruned by a later tick.
+        stack.ctx.pools._pruned_at = 0.0
+        stack.ctx.pools.tick()
+        time.sleep(0.5)
+        return dangling() == []
+
+    stack.wait_for(pruned, timeout_s=60)
