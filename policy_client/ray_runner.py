@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Callable
 from typing import Any
@@ -53,13 +54,10 @@ class RolloutActor:
         config: RolloutConfig,
         cpu_threads: int | None = None,
     ) -> None:
-        if cpu_threads:
-            try:
-                import torch
+        if cpu_threads and importlib.util.find_spec("torch") is not None:
+            import torch  # only model policies need it; scripted ones run without
 
-                torch.set_num_threads(cpu_threads)
-            except ImportError:
-                pass
+            torch.set_num_threads(cpu_threads)
         self.url, self.api_key, self.config = url, api_key, config
         self.policy = policy_factory()
 
