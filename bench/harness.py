@@ -123,14 +123,19 @@ def serve(pool_targets: str = '{"terminal": 2}') -> Iterator[Served]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
+        last = "no answer yet"
         while True:
             try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                r = httpx.get(f"{url}/readyz", timeout=2)
+                if r.status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
+                last = f"/readyz answered {r.status_code}: {r.text[:200]}"
+            except httpx.HTTPError as e:  # not listening yet: keep polling, remember why
+                last = f"{type(e).__name__}: {e}"
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"crucible serve did not start: {proc.stderr.read().decode()}")
+                raise RuntimeError(
+                    f"crucible serve did not start ({last}): {proc.stderr.read().decode()}"
+                )
             time.sleep(0.2)
         yield Served(url=url, key=key, deployment=deployment, env=env)
     finally:

@@ -93,12 +93,11 @@ def zeros_bomb(name: str, size: int) -> bytes:
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:
-    """Peak Python memory allocated while ``fn`` runs (its exception is swallowed)."""
+    """Peak Python memory allocated while ``fn`` runs; ``fn`` must be refused with 413."""
     tracemalloc.start()
     try:
-        fn()
-    except CrucibleError:
-        pass
+        with pytest.raises(PayloadTooLarge):
+            fn()
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()

@@ -69,6 +69,7 @@ def test_quota_names_the_exceeded_limit(db: Database) -> None:
 def test_concurrent_reservations_never_exceed_quota(db: Database) -> None:
     _tenant(db, sandboxes=5, cpus=100.0, mem=100_000)
     wins: list[int] = []
+    refusals: list[int] = []
     lock = threading.Lock()
 
     def worker() -> None:
@@ -76,16 +77,17 @@ def test_concurrent_reservations_never_exceed_quota(db: Database) -> None:
             try:
                 with db.session() as s:
                     tenants.reserve(s, "acme", Resources(1, 1.0, 1))
-                with lock:
-                    wins.append(1)
+                outcome = wins
             except QuotaExceeded:
-                pass
+                outcome = refusals
+            with lock:
+                outcome.append(1)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(wins) == 5
+    assert (len(wins), len(refusals)) == (5, 15)
     with db.session() as s:
         assert s.get(Tenant, "acme").used_sandboxes == 5
