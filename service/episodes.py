@@ -2,9 +2,10 @@
 
 An episode group of ``group_size`` n > 1 starts from one prepared sandbox: it is snapshotted
 and forked n times, so every member of a GRPO group starts from the identical state; the
-prepared sandbox is then released. Verification snapshots the episode's end state and hands
-it to the task's verifier (``service.verifiers``), which runs isolated from the agent; the
-result becomes a reward record (``service.rewards``) stored once per episode.
+prepared sandbox is then released. Verification freezes the episode's sandbox (its end
+state) and hands it to the task's verifier (``service.verifiers``), which runs isolated from
+the agent in a pristine sandbox (from the warm pool when it can); the result becomes a reward
+record (``service.rewards``) stored once per episode.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from service.context import ServiceContext
 from service.db.models import Episode, Sandbox, utcnow
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
+from service.pool import spec_for
 from service.tasks.models import Task
 from service.tasks.registry import template_name
+from service.templates import Template
 from service.tenants import Principal
 from service.verifiers import registry as verifier_registry
 from service.verifiers.base import VerifierResult
@@ -183,29 +186,49 @@ def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:
 def run_verifier(
     ctx: ServiceContext, principal: Principal, ep: Episode, task: Task, sandbox: Sandbox
 ) -> tuple[VerifierResult, str | None]:
-    """Snapshot the end state and verify it; returns the result and the snapshot id."""
+    """Freeze the episode's sandbox and verify its end state; returns the result and, with
+    ``keep_episode_snapshots``, the id of the end state's snapshot (else None)."""
     verifier = verifier_registry.get(task.verifier)
+    snapshot_id = None
     try:
-        snap = sandboxes.snapshot(ctx, principal, sandbox.id)
+        ctx.runtime.freeze(sandbox.container_id)
+        if ctx.settings.keep_episode_snapshots:
+            snapshot_id = sandboxes.snapshot(ctx, principal, sandbox.id).id
     except CrucibleError as e:
         return VerifierResult(
             name=task.verifier,
             version="",
             status="error",
             reward=None,
-            details={"reason": f"snapshot of the end state failed: {e.detail}"},
-        ), None
+            details={"reason": f"freezing the end state failed: {e.detail}"},
+        ), snapshot_id
+    template = ctx.templates.get(ep.template)
     end = EndState(
         runtime=ctx.runtime,
         episode_container_id=sandbox.container_id,
-        snapshot_image=snap.image,
         pristine_image=ep.image_digest,  # the image id survives the prepared snapshot's untag
-        template=ctx.templates.get(ep.template),
+        template=template,
         deployment=ctx.settings.deployment,
+        fresh_sandbox=lambda: _fresh_sandbox(ctx, ep, template),
         dispose=ctx.pools.destroy_container_async,
     )
-    result = verifier(task, end)
-    return result, snap.id
+    return verifier(task, end), snapshot_id
+
+
+def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:
+    """A started, untouched container of the episode's pristine image: a warm one of the
+    task's pool when the episode started from the task image (no prepared snapshot), else a
+    new one."""
+    if ep.snapshot_id is None:
+        cid = ctx.pools.take_warm(
+            template.name,
+            image_id=ep.image_digest,
+            purpose={"verifier_of": ep.id, "task_id": ep.task_id},
+        )
+        if cid is not None:
+            return cid
+    spec = spec_for(template, new_id("vf"), ctx.settings.deployment, image=ep.image_digest)
+    return ctx.runtime.create(spec)
 
 
 def verify(
@@ -246,6 +269,7 @@ def verify(
     task = resolve_task(ctx, ep.task_id, ep.suite)
     t0 = time.perf_counter()
     snapshot_id = None
+    sandbox = None
     try:
         sandbox = sandboxes.get_live(ctx, principal, ep.sandbox_id)
         result, snapshot_id = run_verifier(ctx, principal, ep, task, sandbox)
@@ -263,8 +287,11 @@ def verify(
             ep, result, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id
         )
     except InvalidRequest:
-        # The worker sent a bad trajectory: nothing is stored, the episode stays verifiable,
-        # and the end-state snapshot taken for this attempt goes.
+        # The worker sent a bad trajectory: nothing is stored, the episode stays verifiable
+        # (its sandbox runs again), and the end-state snapshot taken for this attempt goes.
+        if sandbox is not None:
+            with contextlib.suppress(CrucibleError):
+                ctx.runtime.thaw(sandbox.container_id)
         with ctx.db.session() as s:
             s.execute(
                 update(Episode)

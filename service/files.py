@@ -33,6 +33,7 @@ from service.errors import (
     PathOutsideRoot,
     PayloadTooLarge,
 )
+from service.runtime.base import SandboxRuntime
 from service.sandboxes import get_live, runtime_failure
 from service.templates import Template
 from service.tenants import Principal
@@ -356,9 +357,34 @@ def _one_file_tar(name: str, data: bytes, *, uid: int, gid: int) -> bytes:
     return buf.getvalue()
 
 
+def plain_path(
+    runtime: SandboxRuntime, container_id: str, path: str, *, final_may_be_missing: bool
+) -> str | None:
+    """``path`` itself when it needs no resolution in the sandbox: every component but the
+    last is an existing directory (not a symlink), and the last is a directory or, with
+    ``final_may_be_missing``, a regular file or missing. Else None (the caller resolves in
+    the sandbox). Costs one engine stat per component (~1 ms each), no exec.
+    """
+    parts = [p for p in path.split("/") if p]
+    prefix = ""
+    for i, part in enumerate(parts):
+        prefix += "/" + part
+        found = runtime.stat_path(container_id, prefix)
+        last = i == len(parts) - 1
+        if found is not None and found.kind == "dir":
+            continue
+        if last and final_may_be_missing and (found is None or found.kind == "file"):
+            return path
+        return None
+    return path or "/"
+
+
 def _resolve(
     ctx: ServiceContext, container_id: str, path: str, template: Template, *, create_parents: bool
 ) -> str:
+    plain = plain_path(ctx.runtime, container_id, path, final_may_be_missing=True)
+    if plain is not None:
+        return plain  # confine() already kept it under files_root: no symlink moves it
     resolved = ctx.runtime.resolve_path(container_id, path, create_parents=create_parents)
     if not within(resolved, template.files_root):
         raise PathOutsideRoot(
@@ -407,10 +433,12 @@ def put(
         if is_tar:
             # Resolving a child of ``target`` with create_parents makes ``target`` itself
             # (mkdir -p) and returns its resolved path as the child's parent.
-            child = _resolve(
-                ctx, row.container_id, posixpath.join(target, "_"), tpl, create_parents=True
-            )
-            dest = posixpath.dirname(child)
+            dest = plain_path(ctx.runtime, row.container_id, target, final_may_be_missing=False)
+            if dest is None:
+                child = _resolve(
+                    ctx, row.container_id, posixpath.join(target, "_"), tpl, create_parents=True
+                )
+                dest = posixpath.dirname(child)
         else:
             resolved = _resolve(ctx, row.container_id, target, tpl, create_parents=True)
             found = ctx.runtime.stat_path(row.container_id, resolved)

@@ -197,6 +197,47 @@ class PoolManager:
                 return s.get(Sandbox, sid, populate_existing=True)
         return None
 
+    def take_warm(self, template: str, *, image_id: str, purpose: dict) -> str | None:
+        """Take one warm sandbox of ``template`` out of the pool for internal use (a
+        verifier's pristine sandbox); return its container id, or None when the pool is empty
+        or its image is not ``image_id`` (``sha256:...``).
+
+        The row ends at once (``released``, ``purpose`` in its metadata; no tenant, no quota):
+        the caller owns the container and destroys it (``destroy_container_async``); after a
+        crash, reconcile destroys it as a container of an ended row. The refill loop is woken
+        to replace it.
+        """
+        try:
+            tpl = self.templates.get(template)
+            if self.runtime.image_digest(tpl.image) != image_id:
+                return None
+        except CrucibleError:
+            return None
+        with self.db.session() as s:
+            for _ in range(5):
+                row = s.execute(
+                    select(Sandbox.id, Sandbox.container_id)
+                    .where(
+                        Sandbox.deployment == self.deployment,
+                        Sandbox.template == template,
+                        Sandbox.state == "warm",
+                    )
+                    .order_by(Sandbox.created_at)
+                    .limit(1)
+                ).first()
+                if row is None:
+                    break
+                got = s.execute(
+                    update(Sandbox)
+                    .where(Sandbox.id == row.id, Sandbox.state == "warm")
+                    .values(state="released", ended_at=utcnow(), metadata_=purpose)
+                    .execution_options(synchronize_session=False)
+                ).rowcount
+                if got == 1 and row.container_id:
+                    self._wake.set()
+                    return row.container_id
+        return None
+
     # -- starting containers ---------------------------------------------------------------
 
     def start_container(self, row_id: str, template: Template, image: str | None = None) -> str:

@@ -6,9 +6,10 @@ everything engine-specific (docker SDK today, Kubernetes later) lives below it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 # Labels every container carries (DESIGN.md section 3).
 LABEL_SANDBOX_ID = "crucible.sandbox_id"
@@ -93,10 +94,15 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class FsChange:
-    """One entry of a container's filesystem diff against its image (``docker diff``)."""
+    """One entry of a container's filesystem diff against its image (``docker diff``).
+
+    ``replaced``: a modified entry whose type changed between directory and non-directory
+    (known only where the runtime reads the layers itself; the engine's diff cannot say).
+    """
 
     path: str
     kind: Literal["modified", "added", "deleted"]
+    replaced: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +164,9 @@ class SandboxRuntime(Protocol):
         """Resolve ``path`` (symlinks too) in the container; optionally ``mkdir -p`` its parent."""
         ...
 
-    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
-        """Extract an (already validated) tar into ``dest_dir`` inside the container."""
+    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes | BinaryIO) -> None:
+        """Extract an (already validated) tar, bytes or a readable binary file, into
+        ``dest_dir`` inside the container."""
         ...
 
     def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
@@ -194,6 +201,32 @@ class SandboxRuntime(Protocol):
 
     def list(self, *, deployment: str) -> list[ContainerInfo]:
         """All containers of this deployment, by label."""
+        ...
+
+    def freeze(self, container_id: str) -> None:
+        """Suspend every process in the container (idempotent). Its filesystem can still be
+        read engine-side (``diff``, ``get_archive``, ``export_entries``, ``snapshot``); exec is
+        refused with ``Conflict``; ``destroy`` still works."""
+        ...
+
+    def read_files(
+        self, container_id: str, directory: str, names: Sequence[str], *, max_bytes: int
+    ) -> dict[str, bytes | None]:
+        """The regular files ``names`` directly in absolute ``directory`` of a frozen
+        container, read engine-side: bytes, or None when missing, not a regular file (a
+        symlink is not followed) or larger than ``max_bytes``."""
+        ...
+
+    def thaw(self, container_id: str) -> None:
+        """Resume a frozen container's processes (a running one is fine)."""
+        ...
+
+    def export_entries(
+        self, container_id: str, paths: Sequence[str]
+    ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
+        """Tar members (names relative to ``/``) of absolute ``paths`` as they are in a frozen
+        container: directories recursively, owners, modes and symlinks kept. A regular file's
+        reader is valid only until the next member is asked for."""
         ...
 
     def diff(self, container_id: str) -> list[FsChange]:

@@ -22,15 +22,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import os
 import posixpath
 import re
-import stat
 import struct
+import tarfile
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import docker
 import docker.errors
@@ -39,6 +41,7 @@ import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound, SandboxError
+from service.runtime import overlay
 from service.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_SANDBOX_ID,
@@ -118,6 +121,8 @@ def _map_error(e: Exception, what: str) -> CrucibleError:
     if isinstance(e, docker.errors.NotFound):
         return NotFound(f"{what}: not found ({_explain(e)})")
     if isinstance(e, docker.errors.APIError):
+        if e.status_code == 409 and "is paused" in _explain(e):
+            return Conflict(f"{what}: the sandbox is frozen (its episode is being verified)")
         return SandboxError(f"{what}: engine error {e.status_code}: {_explain(e)}")
     if isinstance(e, requests.exceptions.RequestException | OSError):
         return SandboxError(f"{what}: Docker engine unreachable or timed out: {e}")
@@ -249,6 +254,7 @@ class _ContainerMeta:
 
     user: str
     tmpfs: tuple[str, ...]
+    graph: dict[str, Any] | None = None  # the engine's GraphDriver (fixed for a container's life)
 
     def on_tmpfs(self, path: str) -> bool:
         """True when ``path`` lies on one of the tmpfs mounts."""
@@ -326,6 +332,8 @@ class DockerRuntime:
     Debian mirror); by default the first of ``DEFAULT_BUILDER_BASES`` that exists.
     ``kill_grace_ms``: SIGTERM-to-SIGKILL grace of an exec timeout, in milliseconds.
     ``api_timeout_s``: socket timeout of ordinary engine calls, in seconds.
+    ``read_host_layers``: read overlay2 layers directly when this host can (``overlay``);
+    False always asks the engine's API (as a control plane on another host must).
     """
 
     def __init__(
@@ -337,6 +345,7 @@ class DockerRuntime:
         default_cap_add: Sequence[str] = DEFAULT_CAP_ADD,
         kill_grace_ms: int = DEFAULT_GRACE_MS,
         api_timeout_s: float = 120.0,
+        read_host_layers: bool = True,
     ) -> None:
         if client is None:
             # Every exec holds one connection while it runs: allow many at once.
@@ -350,6 +359,7 @@ class DockerRuntime:
         self._builder_base_image = builder_base_image
         self._default_cap_add = tuple(default_cap_add)
         self._kill_grace_ms = kill_grace_ms
+        self._read_host_layers = read_host_layers
         self._source_hash = supervisor_source_hash()
         self._ready = False
         self._ready_lock = threading.Lock()
@@ -497,7 +507,10 @@ class DockerRuntime:
             container = self._client.containers.create(spec.image, **self._create_kwargs(spec))
         except Exception as e:
             raise _map_error(e, f"creating sandbox {spec.sandbox_id} from {spec.image}") from e
-        self._remember(container.id, _ContainerMeta(user=spec.user, tmpfs=tuple(spec.tmpfs)))
+        meta = _ContainerMeta(
+            user=spec.user, tmpfs=tuple(spec.tmpfs), graph=container.attrs.get("GraphDriver")
+        )
+        self._remember(container.id, meta)
         try:
             container.start()
             if spec.user not in _ROOT_USERS:
@@ -688,7 +701,9 @@ class DockerRuntime:
             raise _map_error(e, f"container {container_id}") from e
         labels = info["Config"].get("Labels") or {}
         tmpfs = tuple((info["HostConfig"].get("Tmpfs") or {}).keys())
-        meta = _ContainerMeta(user=labels.get(LABEL_USER, ""), tmpfs=tmpfs)
+        meta = _ContainerMeta(
+            user=labels.get(LABEL_USER, ""), tmpfs=tmpfs, graph=info.get("GraphDriver")
+        )
         self._remember(container_id, meta)
         return meta
 
@@ -797,8 +812,9 @@ class DockerRuntime:
 
     # ---------------------------------------------------------------- files and images
 
-    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
-        """Extract a tar (validated by the caller) into existing ``dest_dir``.
+    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes | BinaryIO) -> None:
+        """Extract a tar (validated by the caller; bytes or a readable binary file) into
+        existing ``dest_dir``.
 
         Raises ``NotFound`` when the container or ``dest_dir`` is missing (the message
         says which); ``InvalidRequest`` or ``Conflict`` when the sandbox's filesystem
@@ -809,8 +825,9 @@ class DockerRuntime:
         the engine; the image needs ``tar``).
         """
         if self._container_meta(container_id).on_tmpfs(dest_dir):
+            data = tar_bytes if isinstance(tar_bytes, bytes) else tar_bytes.read()
             self._tar_in_sandbox(
-                container_id, ["-x", "-f", "-", "-C", dest_dir], tar_bytes, extract_into=dest_dir
+                container_id, ["-x", "-f", "-", "-C", dest_dir], data, extract_into=dest_dir
             )
             return
         try:
@@ -942,29 +959,135 @@ class DockerRuntime:
         except Exception as e:
             raise _map_error(e, f"updating the limits of container {container_id}") from e
 
+    def _layers(self, container_id: str) -> tuple[str, list[str]] | None:
+        """The container's (upper, lowers) when this host can read them (``overlay``)."""
+        if not self._read_host_layers:
+            return None
+        graph = self._container_meta(container_id).graph
+        if graph is None:
+            try:
+                graph = self._api.inspect_container(container_id).get("GraphDriver") or {}
+            except Exception as e:
+                raise _map_error(e, f"inspect of container {container_id}") from e
+        return overlay.layers(graph)
+
     def diff(self, container_id: str) -> list[FsChange]:
         """The container's filesystem changes against its image.
 
         On overlay2 with the engine's storage visible (a control plane on the engine's
         host) the writable layer's upper directory is walked directly, as the engine's own
         overlay diff does: milliseconds instead of the engine's full-tree comparison
-        (~0.6 s here). Otherwise the engine's ``diff`` API answers. Both read engine-side
-        state; nothing inside the sandbox can hide a change.
+        (~0.6 s here); type changes are marked ``replaced``. Otherwise the engine's ``diff``
+        API answers. Both read engine-side state; nothing inside the sandbox can hide a
+        change.
         """
-        try:
-            graph = self._api.inspect_container(container_id).get("GraphDriver") or {}
-        except Exception as e:
-            raise _map_error(e, f"inspect of container {container_id}") from e
-        data = graph.get("Data") or {}
-        upper, lower = data.get("UpperDir"), data.get("LowerDir") or ""
-        if graph.get("Name") == "overlay2" and upper and os.access(upper, os.R_OK | os.X_OK):
-            return overlay_changes(upper, [d for d in lower.split(":") if d])
+        found = self._layers(container_id)
+        if found is not None:
+            return overlay.changes(*found)
         try:
             rows = self._api.diff(container_id) or []
         except Exception as e:
             raise _map_error(e, f"diff of container {container_id}") from e
         kinds = {0: "modified", 1: "added", 2: "deleted"}
         return [FsChange(r["Path"], kinds[r["Kind"]]) for r in rows]
+
+    def freeze(self, container_id: str) -> None:
+        """Pause the container (cgroup freezer); pausing a paused one is fine.
+
+        Raises ``NotFound`` (gone) or ``SandboxError``.
+        """
+        try:
+            self._api.pause(container_id)
+        except docker.errors.APIError as e:
+            if e.status_code == 409 and "already paused" in _explain(e).lower():
+                return
+            raise _map_error(e, f"freezing container {container_id}") from e
+        except Exception as e:
+            raise _map_error(e, f"freezing container {container_id}") from e
+
+    def read_files(
+        self, container_id: str, directory: str, names: Sequence[str], *, max_bytes: int
+    ) -> dict[str, bytes | None]:
+        """The regular files ``names`` directly in ``directory`` of a frozen container (see
+        the protocol): from the upper directory when this host can read it
+        (``overlay.read_regular``), else one engine archive of ``directory``.
+        """
+        found = self._layers(container_id)
+        if found is not None:
+            with contextlib.suppress(overlay.UnreadablePath):
+                return overlay.read_regular(*found, directory, names, max_bytes=max_bytes)
+        out: dict[str, bytes | None] = dict.fromkeys(names)
+        try:
+            data = b"".join(self.get_archive(container_id, directory))
+        except NotFound:
+            return out
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as t:
+                for member in t:
+                    parent, _, name = member.name.rpartition("/")
+                    if "/" in parent or name not in out:
+                        continue  # only direct children of ``directory``
+                    if member.isreg() and member.size <= max_bytes:
+                        reader = t.extractfile(member)
+                        out[name] = reader.read() if reader else None
+        except tarfile.TarError as e:
+            raise SandboxError(f"reading {directory} from container {container_id}: {e}") from e
+        return out
+
+    def thaw(self, container_id: str) -> None:
+        """Unpause the container; one that is not paused is fine.
+
+        Raises ``NotFound`` (gone) or ``SandboxError``.
+        """
+        try:
+            self._api.unpause(container_id)
+        except docker.errors.APIError as e:
+            if e.status_code == 409 and "is not paused" in _explain(e).lower():
+                return
+            raise _map_error(e, f"thawing container {container_id}") from e
+        except Exception as e:
+            raise _map_error(e, f"thawing container {container_id}") from e
+
+    def export_entries(
+        self, container_id: str, paths: Sequence[str]
+    ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
+        """Tar members of ``paths`` as they are in the frozen container (see the protocol).
+
+        From the upper directory when this host can read it (``overlay.entries``: each path
+        preceded by its ancestors' directory entries, so a directory that replaced a file is
+        recreated as one); otherwise, or when a path is not there, one engine archive per
+        path (no ancestor entries). Raises ``NotFound`` or ``SandboxError``.
+        """
+        found = self._layers(container_id)
+        if found is not None:
+            try:
+                return overlay.entries(found[0], paths)
+            except (overlay.UnreadablePath, OSError):
+                pass
+        return (m for path in paths for m in self._engine_entries(container_id, path))
+
+    def _engine_entries(
+        self, container_id: str, path: str
+    ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
+        """Members of the engine's archive of ``path``, renamed to be relative to ``/``."""
+        parent = posixpath.dirname(posixpath.normpath(path)).strip("/")
+        spool = tempfile.SpooledTemporaryFile(max_size=16 << 20)  # noqa: SIM115 - closed below
+        with spool:
+            for chunk in self.get_archive(container_id, path):
+                spool.write(chunk)
+            spool.seek(0)
+            try:
+                with tarfile.open(fileobj=spool, mode="r:") as t:
+                    for member in t:
+                        reader = t.extractfile(member) if member.isreg() else None
+                        member.name = f"{parent}/{member.name}" if parent else member.name
+                        if member.islnk():  # hard link targets are archive names too
+                            member.linkname = (
+                                f"{parent}/{member.linkname}" if parent else member.linkname
+                            )
+                        yield member, reader
+            except tarfile.TarError as e:
+                raise SandboxError(f"reading {path} from container {container_id}: {e}") from e
 
     def snapshot(self, container_id: str, *, repository: str, tag: str) -> str:
         """Commit the container's filesystem to ``repository:tag``; return the image id.
@@ -1026,44 +1149,3 @@ class DockerRuntime:
             return self._api.inspect_image(image)["Id"]
         except Exception as e:
             raise _map_error(e, f"image {image}") from e
-
-
-def overlay_changes(upper: str, lowers: list[str]) -> list[FsChange]:
-    """Changes recorded in an overlayfs upper directory, in the engine's diff semantics.
-
-    A whiteout (character device 0:0) is a deletion. An entry is added when no lower layer
-    has its path, else modified (copied up). A directory marked opaque
-    (``trusted.overlay.opaque=y``) hides the lower directory: each lower child it does not
-    hold again is reported deleted, as the engine's tree comparison does.
-    """
-    out: list[FsChange] = []
-
-    def in_lower(rel: str) -> bool:
-        return any(os.path.lexists(os.path.join(d, rel)) for d in lowers)
-
-    for dirpath, dirnames, filenames in os.walk(upper):
-        for name in sorted(dirnames + filenames):
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, upper)
-            st = os.lstat(full)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                out.append(FsChange("/" + rel, "deleted"))
-                continue
-            out.append(FsChange("/" + rel, "modified" if in_lower(rel) else "added"))
-            if stat.S_ISDIR(st.st_mode) and _is_opaque(full):
-                present = set(os.listdir(full))
-                hidden = {
-                    c
-                    for d in lowers
-                    if os.path.isdir(os.path.join(d, rel))
-                    for c in os.listdir(os.path.join(d, rel))
-                }
-                out.extend(FsChange(f"/{rel}/{c}", "deleted") for c in sorted(hidden - present))
-    return out
-
-
-def _is_opaque(path: str) -> bool:
-    try:
-        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
-    except OSError:
-        return False

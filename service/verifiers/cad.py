@@ -3,9 +3,9 @@ mesh, and render both to compare silhouettes.
 
 Flow (nothing ever runs in the agent's sandbox):
 
-1. A container is created from the episode's end-state snapshot; the output file named by
-   the task (``[crucible.settings] output``) is read engine-side (``get_archive``, symbolic
-   links followed engine-side too); the container is disposed of.
+1. The output file named by the task (``[crucible.settings] output``) is read engine-side
+   (``get_archive``, symbolic links followed engine-side too) from the episode's frozen
+   container (every process suspended: nothing changes it while it is read).
 2. **Gate** ("must build"): the file exists, is a regular file of at most
    ``max_file_bytes``, parses as the stated ``format`` (STL or OBJ), holds at most
    ``max_triangles`` triangles, and bounds a closed solid (watertight, consistently wound,
@@ -16,8 +16,9 @@ Flow (nothing ever runs in the agent's sandbox):
    Hausdorff estimate, 2048 seeded samples each way, exact point-to-surface distances),
    Chamfer distance as CAD-Recode computes it (unit-box normalized, 8192 points, seed 0),
    relative volume error and the largest bounding-box deviation in mm.
-4. **Render check**: a fresh sandbox from the episode's pristine image (the task image on
-   ``crucible/cad``, which the agent could not modify) receives both meshes; Blender
+4. **Render check**: a fresh sandbox of the episode's pristine image (the task image on
+   ``crucible/cad``, which the agent could not modify; from the warm pool when it holds
+   one) receives both meshes; Blender
    renders each from three fixed orthographic cameras (top, front, right; framed on the
    reference's bounding box, 128 px; see ``blender_silhouettes``) and the PNGs are read
    engine-side. ``silhouette`` is the lowest of the three per-view silhouette IoUs.
@@ -77,11 +78,8 @@ import trimesh
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.errors import CrucibleError, NotFound
-from service.ids import new_id
-from service.pool import spec_for
 from service.runtime.base import ExecRequest, SandboxRuntime
 from service.tasks.models import Task
-from service.templates import Template
 from service.verifiers import geometry
 from service.verifiers.base import VerifierResult
 from service.verifiers.registry import EndState, register
@@ -546,16 +544,15 @@ def verify(
     runtime: SandboxRuntime,
     check: CadCheck,
     *,
-    snapshot_image: str,
-    pristine_image: str,
-    template: Template,
-    deployment: str,
+    episode_container_id: str,
+    fresh_sandbox: Callable[[], str],
     dispose: Callable[[str], object] | None = None,
 ) -> VerifierResult:
-    """Verify the end state ``snapshot_image`` against ``check`` (module docstring).
+    """Verify the end state of the frozen ``episode_container_id`` against ``check`` (module
+    docstring).
 
-    ``pristine_image`` is the image the render sandbox starts from; ``dispose`` removes the
-    verifier's containers (default ``runtime.destroy`` inline).
+    ``fresh_sandbox()`` gives the render sandbox (a started, untouched container of the
+    episode's pristine image); ``dispose`` removes it (default ``runtime.destroy`` inline).
     """
     t0 = time.perf_counter()
     dispose = dispose or runtime.destroy
@@ -579,10 +576,10 @@ def verify(
             duration_ms=(time.perf_counter() - t0) * 1e3,
         )
 
-    created: list[str] = []  # every container made here; disposed of at the end
+    created: list[str] = []  # every container obtained here; disposed of at the end
 
-    def create(image: str, prefix: str) -> str:
-        cid = runtime.create(spec_for(template, new_id(prefix), deployment, image=image))
+    def render_sandbox() -> str:
+        cid = fresh_sandbox()
         created.append(cid)
         return cid
 
@@ -591,13 +588,12 @@ def verify(
         # The render sandbox starts while the output is read (it needs nothing from it).
         render_box = None
         if settings.render:
-            render_box = pool.submit(_timed, create, pristine_image, "vr")
+            render_box = pool.submit(_timed, render_sandbox)
         with clock.time("reference"):
             reference = load_reference(check.reference_path, settings.format)
         with clock.time("read"):
-            cid = create(snapshot_image, "vf")
             data, problem = read_output(
-                runtime, cid, settings.output, max_bytes=settings.max_file_bytes
+                runtime, episode_container_id, settings.output, max_bytes=settings.max_file_bytes
             )
         with clock.time("gate"):
             result, problem, gate_details = _gate(data, problem, settings)
@@ -692,10 +688,8 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
     return verify(
         end.runtime,
         check,
-        snapshot_image=end.snapshot_image,
-        pristine_image=end.pristine_image,
-        template=end.template,
-        deployment=end.deployment,
+        episode_container_id=end.episode_container_id,
+        fresh_sandbox=end.fresh_sandbox,
         dispose=end.dispose,
     )
 

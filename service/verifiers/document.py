@@ -1,11 +1,11 @@
 """The document-domain verifier: compare the fields of the agent's ``answer.json`` with the
 task's ground truth, field by field, after normalization (``service.verifiers.normalize``).
 
-Where the answer comes from: the episode's end state. A fresh container is made from the
-end-state snapshot (none of the agent's processes run in it) and ``answer.json`` is read
-from it engine-side as an archive; nothing is executed in the agent's sandbox or in the new
-container. The ground truth (``tests/expected.json``) never enters a sandbox: it is read on
-the control plane.
+Where the answer comes from: the episode's end state. The episode's container is frozen
+(every process suspended, so nothing can change the file while it is read) and
+``answer.json`` is read from it engine-side as an archive (symlinks resolved inside the
+container's root by the engine); nothing is executed in the agent's sandbox. The ground
+truth (``tests/expected.json``) never enters a sandbox: it is read on the control plane.
 
 Task settings (``[crucible.settings]`` of ``task.toml``; unknown keys are an error):
   * ``answer_path``: where the agent writes its answer (default ``<workdir>/answer.json``;
@@ -63,8 +63,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from service.errors import CrucibleError, NotFound, VerifierError
-from service.ids import new_id
-from service.pool import spec_for
 from service.runtime.base import SandboxRuntime
 from service.tasks.models import Task
 from service.verifiers.base import VerifierResult
@@ -495,7 +493,6 @@ def read_file(runtime: SandboxRuntime, container_id: str, path: str) -> tuple[by
 def verify_episode(task: Task, end: EndState) -> VerifierResult:
     """Registry entry: score ``task``'s ``answer.json`` in the episode's end state."""
     t0 = time.perf_counter()
-    created: list[str] = []
 
     def failed(reason: str) -> VerifierResult:
         return VerifierResult(
@@ -509,11 +506,7 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
 
     try:
         check = check_for(task)
-        cid = end.runtime.create(
-            spec_for(end.template, new_id("vf"), end.deployment, image=end.snapshot_image)
-        )
-        created.append(cid)
-        data, problem = read_file(end.runtime, cid, check.answer_path)
+        data, problem = read_file(end.runtime, end.episode_container_id, check.answer_path)
         result = score_answer(check.truth, data, problem=problem or None)
     except VerifierError as e:
         return failed(e.detail)
@@ -521,9 +514,6 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
         return failed(f"verifier infrastructure failed: {e.detail}")
     except Exception as e:  # a verifier bug is an error record, never a silent 0
         return failed(f"verifier crashed: {type(e).__name__}: {e}")
-    finally:
-        for cid in created:
-            end.dispose(cid)
     return VerifierResult(
         name=result.name,
         version=result.version,

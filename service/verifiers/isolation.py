@@ -1,24 +1,27 @@
 """Building the verifier's sandbox: a fresh container holding the episode's end state on a
 toolchain the agent could not have modified.
 
-1. The episode's sandbox is snapshotted (``docker commit``); the verifier runs in a NEW
-   container from that snapshot, so none of the agent's processes survive.
-2. The engine's filesystem diff of the episode's container (against its image, which
-   Crucible built or prepared) lists every path the agent changed. A change under a
-   protected path (the toolchain: ``/usr``, ``/bin``, ``/lib*``, the dynamic loader's
-   configuration, Python's site configuration, shell start-up files, pytest root config,
-   ``/tests``, ``/logs``) means the end state cannot be trusted as a toolchain. Then the
-   verifier container starts from the pristine image instead, and only the agent's
-   changes outside protected paths are copied in (engine-side archives) or deleted.
-3. Tests are copied in only now, and run with ``bash --noprofile --norc`` and an
-   environment without user site-packages. Modules the agent put directly in the workdir
+1. The episode's container is frozen (every process suspended) and never executed in again.
+   The verifier runs in a DIFFERENT container: a pristine sandbox of the image the episode
+   started from (taken from the warm pool when it holds one), so none of the agent's
+   processes exist there.
+2. The filesystem diff of the episode's container against its image (read engine-side)
+   lists every path the agent changed. Changes outside the protected paths are replayed
+   onto the pristine sandbox: deletions (and entries whose type changed between directory
+   and file) are removed first by the pristine ``rm``; added and modified entries arrive in
+   one archive, read from the frozen container with owners, modes and links kept. Changes
+   under a protected path (the toolchain: ``/usr``, ``/bin``, ``/lib*``, the dynamic
+   loader's configuration, Python's site configuration, shell start-up files, pytest root
+   config, ``/tests``, ``/logs``) are not replayed: the verifier's toolchain is always the
+   pristine one, and the tampering is reported.
+3. Tests arrive in the same archive, only now, and run with ``bash --noprofile --norc`` and
+   an environment without user site-packages. Modules the agent put directly in the workdir
    under a name the test runner imports (``pytest.py``, ``json.py``: ``python3 -m pytest``
    puts the current directory first on ``sys.path``) are a hijack and score 0.
 """
 
 from __future__ import annotations
 
-import io
 import re
 import sys
 import tarfile
@@ -107,7 +110,8 @@ class ChangePlan:
     """What the agent changed, reduced to the entries to carry over.
 
     ``copy``: added or modified leaves (a directory added whole is one entry);
-    ``delete``: deleted paths; ``tampered``: protected paths the agent touched;
+    ``delete``: paths to remove before the copy (deleted ones, and ones whose type changed
+    between directory and non-directory); ``tampered``: protected paths the agent touched;
     ``shadowing``: modules the agent put in the workdir under a name the test runner
     itself imports (``pytest.py``, ``json.py``...), which would hijack it.
     """
@@ -168,11 +172,14 @@ def plan_changes(changes: Iterable[FsChange], workdir: str | None = None) -> Cha
     for c in sorted(rows, key=lambda c: c.path):
         if c.kind != "deleted" and any(c.path.startswith(r + "/") for r in added_roots):
             continue  # inside a directory that is copied whole
+        if is_protected(c.path):
+            if c.kind != "modified" or c.path not in has_child:
+                tampered.append(c.path)
+            continue
+        if c.replaced:
+            delete.append(c.path)  # the pristine entry is of the other type: remove it first
         if c.kind == "modified" and c.path in has_child:
             continue  # a directory whose changed children are listed
-        if is_protected(c.path):
-            tampered.append(c.path)
-            continue
         if c.kind == "deleted":
             delete.append(c.path)
         else:
@@ -196,24 +203,22 @@ def posix_parent(path: str) -> str:
     return head or "/"
 
 
-def tests_tar(tests_dir: Path | None, extra_files: Iterable[Path] = ()) -> bytes:
-    """A tar to extract at ``/``: ``tests/`` (the task's tests plus ``extra_files``) and an
-    empty ``logs/verifier/``, all root-owned. Extracting it is the whole test set-up."""
-    buf = io.BytesIO()
+def add_tests(t: tarfile.TarFile, tests_dir: Path | None, extra_files: Iterable[Path] = ()) -> None:
+    """Add to ``t`` (extracted at ``/``): ``tests/`` (the task's tests plus ``extra_files``)
+    and an empty ``logs/verifier/``, all root-owned. Extracting them is the whole test
+    set-up."""
 
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
         return info
 
-    with tarfile.open(fileobj=buf, mode="w") as t:
-        for name in ("tests", "logs", "logs/verifier"):
-            d = tarfile.TarInfo(name)
-            d.type, d.mode = tarfile.DIRTYPE, 0o755
-            t.addfile(d)
-        if tests_dir is not None:
-            for child in sorted(tests_dir.iterdir()):
-                t.add(str(child), arcname=f"tests/{child.name}", filter=owned)
-        for f in extra_files:
-            t.add(str(f), arcname=f"tests/{f.name}", filter=owned)
-    return buf.getvalue()
+    for name in ("tests", "logs", "logs/verifier"):
+        d = tarfile.TarInfo(name)
+        d.type, d.mode = tarfile.DIRTYPE, 0o755
+        t.addfile(d)
+    if tests_dir is not None:
+        for child in sorted(tests_dir.iterdir()):
+            t.add(str(child), arcname=f"tests/{child.name}", filter=owned)
+    for f in extra_files:
+        t.add(str(f), arcname=f"tests/{f.name}", filter=owned)

@@ -22,18 +22,21 @@ from service.verifiers.base import VerifierResult
 class EndState:
     """An episode's end state as a verifier receives it.
 
-    ``snapshot_image`` is the committed end state; ``pristine_image`` the image the episode
-    started from (task image or prepared snapshot); ``episode_container_id`` may be diffed
-    and read engine-side but never executed in; ``dispose`` removes containers the verifier
-    created (in the background).
+    ``episode_container_id`` is the episode's container, frozen (every process suspended):
+    it may be diffed and read engine-side (``diff``, ``get_archive``, ``export_entries``),
+    never executed in. ``pristine_image`` is the image the episode started from (the task
+    image, or a group's prepared snapshot). ``fresh_sandbox()`` returns a started container
+    of ``pristine_image`` that nothing has touched: taken from the template's warm pool when
+    it has one of that image, else created. ``dispose`` removes containers the verifier
+    obtained (in the background).
     """
 
     runtime: SandboxRuntime
     episode_container_id: str
-    snapshot_image: str
     pristine_image: str
     template: Template
     deployment: str
+    fresh_sandbox: Callable[[], str]
     dispose: Callable[[str], object]
 
 

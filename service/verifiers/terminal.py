@@ -12,11 +12,11 @@ is ``status=error``. Both are excluded from loss.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
 import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -24,25 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.errors import CrucibleError, InvalidRequest, NotFound
-from service.ids import new_id
-from service.pool import spec_for
+from service.errors import CrucibleError, InvalidRequest, SandboxError
 from service.runtime.base import ExecRequest, SandboxRuntime
 from service.tasks.models import Task
-from service.templates import Template
 from service.verifiers.base import VerifierResult
-from service.verifiers.isolation import (
-    VERIFIER_ENV,
-    ChangePlan,
-    plan_changes,
-    posix_parent,
-    tests_tar,
-)
+from service.verifiers.isolation import VERIFIER_ENV, ChangePlan, add_tests, plan_changes
 from service.verifiers.registry import EndState, register
 
 NAME = "terminal"
 VERSION = "1"
 MAX_REPORT_BYTES = 4 << 20
+SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,19 +158,12 @@ def _shadowed(paths: tuple[str, ...], t0: float) -> VerifierResult:
 
 
 def _read_logs(runtime: SandboxRuntime, container_id: str) -> dict[str, bytes | None]:
-    """The report files of ``/logs/verifier``, in one engine-side archive read."""
-    out: dict[str, bytes | None] = dict.fromkeys(REPORT_FILES)
-    try:
-        data = b"".join(runtime.get_archive(container_id, "/logs/verifier"))
-    except NotFound:
-        return out
-    with tarfile.open(fileobj=io.BytesIO(data)) as t:
-        for member in t:
-            name = member.name.split("/", 1)[-1]
-            if name in out and member.isfile() and member.size <= MAX_REPORT_BYTES:
-                f = t.extractfile(member)
-                out[name] = f.read() if f else None
-    return out
+    """The report files of ``/logs/verifier``, read engine-side from the frozen verifier
+    sandbox (nothing a test left running can swap them while they are read)."""
+    runtime.freeze(container_id)
+    return runtime.read_files(
+        container_id, "/logs/verifier", REPORT_FILES, max_bytes=MAX_REPORT_BYTES
+    )
 
 
 def score(
@@ -259,16 +244,15 @@ def verify(
     check: TerminalCheck,
     *,
     episode_container_id: str,
-    snapshot_image: str,
-    pristine_image: str,
-    template: Template,
-    deployment: str,
+    fresh_sandbox: Callable[[], str],
     dispose: Callable[[str], object] | None = None,
 ) -> VerifierResult:
-    """Verify an episode whose end state is ``snapshot_image`` (see ``isolation``).
+    """Verify the end state of the frozen ``episode_container_id`` (see ``isolation``).
 
-    ``episode_container_id`` is only diffed, never executed in. ``dispose`` removes the
-    verifier's containers (default: ``runtime.destroy`` inline; the service passes a
+    The episode's container is only diffed and read, never executed in. ``fresh_sandbox()``
+    gives the verifier's sandbox (a started, untouched container of the episode's pristine
+    image); the agent's changes and the tests are replayed onto it and the tests run there.
+    ``dispose`` removes it (default: ``runtime.destroy`` inline; the service passes a
     background destroyer). Returns a result; runtime failures become ``status=error``
     (never reward 0).
     """
@@ -278,23 +262,9 @@ def verify(
         plan = plan_changes(runtime.diff(episode_container_id), check.workdir)
         if plan.shadowing:
             return _shadowed(plan.shadowing, t0)
-        base = pristine_image if plan.tampered else snapshot_image
-        vid = new_id("vf")
-        vcid = runtime.create(spec_for(template, vid, deployment, image=base))
+        vcid = fresh_sandbox()
         created.append(vcid)
-        if plan.tampered:
-            _carry_over(
-                runtime,
-                plan,
-                template=template,
-                deployment=deployment,
-                snapshot_image=snapshot_image,
-                into=vcid,
-                created=created,
-            )
-        # /tests and /logs are protected: untouched by the agent here, so extracting fresh
-        # tests and an empty /logs/verifier is the whole set-up (no exec needed).
-        runtime.put_archive(vcid, "/", tests_tar(check.tests_dir, check.extra_files))
+        _replay(runtime, plan, check, source=episode_container_id, into=vcid)
         res = runtime.exec(
             vcid,
             ExecRequest(
@@ -358,30 +328,40 @@ def verify(
             (dispose or runtime.destroy)(cid)
 
 
-def _carry_over(
-    runtime: SandboxRuntime,
-    plan: ChangePlan,
-    *,
-    template: Template,
-    deployment: str,
-    snapshot_image: str,
-    into: str,
-    created: list[str],
+def _replay(
+    runtime: SandboxRuntime, plan: ChangePlan, check: TerminalCheck, *, source: str, into: str
 ) -> None:
-    """Replay the agent's non-toolchain changes from the snapshot onto a pristine container:
-    deletions first (the pristine toolchain's ``rm``), then the added and modified entries
-    (engine-side archives)."""
+    """Make ``into`` hold the episode's end state (outside protected paths) plus the tests:
+    removals first (the pristine toolchain's ``rm``, paths NUL-separated on stdin), then one
+    archive with the changed entries read from ``source`` and the tests.
+
+    Raises ``CrucibleError`` (the removal failed, the engine refused the archive).
+    """
     if plan.delete:
-        runtime.exec(
-            into, ExecRequest(cmd=["rm", "-rf", "--", *plan.delete], timeout_s=60, user="0")
+        res = runtime.exec(
+            into,
+            ExecRequest(
+                cmd=["xargs", "-0", "-r", "rm", "-rf", "--"],
+                stdin=b"\0".join(p.encode() for p in plan.delete) + b"\0",
+                timeout_s=60,
+                user="0",
+                max_output_bytes=8 << 10,
+            ),
         )
-    if not plan.copy:
-        return
-    src = runtime.create(spec_for(template, new_id("vs"), deployment, image=snapshot_image))
-    created.append(src)
-    for path in plan.copy:
-        tar = b"".join(runtime.get_archive(src, path))
-        runtime.put_archive(into, posix_parent(path), tar)
+        if res.exit_code != 0:
+            raise SandboxError(
+                "removing the agent's deletions in the verifier sandbox failed: "
+                + res.stderr.decode("utf-8", "replace")[-500:]
+            )
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as buf:
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+            for info, reader in runtime.export_entries(source, plan.copy):
+                t.addfile(info, reader)
+            # /tests and /logs are protected (never replayed): fresh tests and an empty
+            # /logs/verifier go in last.
+            add_tests(t, check.tests_dir, check.extra_files)
+        buf.seek(0)
+        runtime.put_archive(into, "/", buf)
 
 
 def check_for(task: Task) -> TerminalCheck:
@@ -407,10 +387,7 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
         end.runtime,
         check_for(task),
         episode_container_id=end.episode_container_id,
-        snapshot_image=end.snapshot_image,
-        pristine_image=end.pristine_image,
-        template=end.template,
-        deployment=end.deployment,
+        fresh_sandbox=end.fresh_sandbox,
         dispose=end.dispose,
     )
 

@@ -307,23 +307,24 @@ def test_check_for_refuses_bad_settings(tmp_path: Path, settings: str, message: 
 
 
 class FakeRuntime:
-    """Just enough of ``SandboxRuntime`` for the document verifier; it refuses exec."""
+    """Just enough of an engine for the document verifier: archives of the episode's frozen
+    container; it refuses exec and container creation."""
 
-    def __init__(self, files: dict[str, bytes | str | None], *, fail_create: bool = False):
+    def __init__(self, files: dict[str, bytes | str | None], *, engine_down: bool = False):
         self.files = files  # bytes: a file; "link": a symlink; None: a directory
-        self.fail_create = fail_create
-        self.created: list[SandboxSpec] = []
+        self.engine_down = engine_down
+        self.read_from: list[str] = []
 
     def create(self, spec: SandboxSpec) -> str:
-        if self.fail_create:
-            raise SandboxError("engine is down")
-        self.created.append(spec)
-        return f"c{len(self.created)}"
+        raise AssertionError("the document verifier needs no sandbox of its own")
 
     def exec(self, container_id: str, request: ExecRequest) -> None:
         raise AssertionError("the document verifier must never exec")
 
     def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
+        if self.engine_down:
+            raise SandboxError("engine is down")
+        self.read_from.append(container_id)
         if path not in self.files:
             raise NotFound(f"no such file {path}")
         content = self.files[path]
@@ -348,23 +349,22 @@ def _end(runtime: FakeRuntime, disposed: list[str]) -> EndState:
     return EndState(
         runtime=runtime,  # type: ignore[arg-type]
         episode_container_id="episode",
-        snapshot_image="snap:1",
         pristine_image="sha256:pristine",
         template=Template(name="t", image="task:1", workdir="/app"),
         deployment="test",
+        fresh_sandbox=lambda: runtime.create(None),  # type: ignore[arg-type]
         dispose=disposed.append,
     )
 
 
-def test_verify_reads_the_answer_from_a_container_of_the_snapshot(tmp_path: Path) -> None:
+def test_verify_reads_the_answer_from_the_frozen_episode_container(tmp_path: Path) -> None:
     task = _task(tmp_path)
     runtime = FakeRuntime({"/app/answer.json": b'{"a": "$1,284.4 million"}'})
     disposed: list[str] = []
     r = verify_episode(task, _end(runtime, disposed))
     assert (r.status, r.reward) == ("ok", 1.0)
-    assert [s.image for s in runtime.created] == ["snap:1"]
-    assert runtime.created[0].deployment == "test"
-    assert disposed == ["c1"]
+    assert runtime.read_from == ["episode"]
+    assert disposed == []
     assert r.details["answer_path"] == "/app/answer.json" and r.duration_ms > 0
 
 
@@ -385,12 +385,12 @@ def test_agent_outcomes_score_zero_not_error(
     r = verify_episode(_task(tmp_path), _end(FakeRuntime(files), disposed))
     assert (r.status, r.reward) == ("ok", 0.0)
     assert r.details["reason"].startswith(reason)
-    assert disposed == ["c1"]
+    assert disposed == []
 
 
 def test_infrastructure_failures_are_errors(tmp_path: Path) -> None:
     disposed: list[str] = []
-    r = verify_episode(_task(tmp_path), _end(FakeRuntime({}, fail_create=True), disposed))
+    r = verify_episode(_task(tmp_path), _end(FakeRuntime({}, engine_down=True), disposed))
     assert (r.status, r.reward) == ("error", None)
     assert "engine is down" in r.details["reason"]
     assert disposed == []
