@@ -56,11 +56,12 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
 
 
 def _prepare(ctx: ServiceContext, suite: str, task_ids: list[str]) -> None:
-    """Build the job's task images and ask for one warm sandbox per task (background)."""
+    """Build the job's task images and ask for two warm sandboxes per task (background): one
+    for an episode, one for the pristine sandbox its verification takes."""
     for task_id in task_ids:
         try:
             task = episodes.resolve_task(ctx, task_id, suite)
-            ctx.pools.add_demand(episodes.ensure_template(ctx, task), 1)
+            ctx.pools.add_demand(episodes.ensure_template(ctx, task), 2)
         except CrucibleError as e:
             log.warning("preparing %s/%s failed: %s", suite, task_id, e.detail)
 

@@ -999,7 +999,7 @@ class DockerRuntime:
         try:
             self._api.pause(container_id)
         except docker.errors.APIError as e:
-            if e.status_code == 409 and "already paused" in _explain(e).lower():
+            if "already paused" in _explain(e).lower():
                 return
             raise _map_error(e, f"freezing container {container_id}") from e
         except Exception as e:
@@ -1042,7 +1042,7 @@ class DockerRuntime:
         try:
             self._api.unpause(container_id)
         except docker.errors.APIError as e:
-            if e.status_code == 409 and "is not paused" in _explain(e).lower():
+            if "is not paused" in _explain(e).lower():
                 return
             raise _map_error(e, f"thawing container {container_id}") from e
         except Exception as e:

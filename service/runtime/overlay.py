@@ -72,7 +72,7 @@ def _lower_stat(lowers: list[str], rel: str) -> os.stat_result | None:
     for d in lowers:
         try:
             return os.lstat(os.path.join(d, rel))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             continue
     return None
 

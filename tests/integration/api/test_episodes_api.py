@@ -284,3 +284,34 @@ def test_untagged_snapshot_images_are_pruned_once_unused(stack: Stack) -> None:
         return dangling() == []
 
     stack.wait_for(pruned, timeout_s=60)
+
+
+def test_verification_takes_a_warm_pristine_sandbox_from_the_pool(stack: Stack) -> None:
+    from sqlalchemy import select
+
+    from service.db.models import Sandbox
+
+    ep = start(stack)["episodes"][0]
+    template = next(t.name for t in stack.ctx.templates.all() if t.name.endswith(TASK))
+    r = stack.admin.put(f"/v1/pools/{template}", json={"target_size": 1})
+    assert r.status_code == 200, r.text
+    try:
+        stack.wait_for(
+            lambda: stack.admin.get(f"/v1/pools/{template}").json()["warm"] == 1, timeout_s=60
+        )
+        run_oracle(stack, ep)
+        rec = verify(stack, ep)
+        assert rec["reward"] == 1.0
+        with stack.ctx.db.read() as s:
+            taken = [
+                row
+                for row in s.execute(select(Sandbox).where(Sandbox.template == template)).scalars()
+                if row.metadata_.get("verifier_of") == ep["id"]
+            ]
+        # The warm sandbox left the pool for good: ended, owned by no tenant, charged nothing.
+        assert [(row.state, row.tenant_id) for row in taken] == [("released", None)]
+        stack.wait_for(
+            lambda: stack.admin.get(f"/v1/pools/{template}").json()["warm"] == 1, timeout_s=60
+        )
+    finally:
+        stack.admin.put(f"/v1/pools/{template}", json={"target_size": 0})

@@ -1,0 +1,108 @@
+"""Reading an upper directory on the host never follows what the sandbox planted."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from service.runtime import overlay
+
+
+def _upper(tmp_path: Path) -> tuple[Path, Path]:
+    upper, host = tmp_path / "upper", tmp_path / "host"
+    (upper / "logs" / "verifier").mkdir(parents=True)
+    host.mkdir()
+    (host / "secret").write_text("host secret")
+    return upper, host
+
+
+def test_read_regular_reads_files_and_refuses_links_fifos_and_large(tmp_path: Path) -> None:
+    upper, host = _upper(tmp_path)
+    v = upper / "logs" / "verifier"
+    (v / "reward.txt").write_text("1.0")
+    (v / "reward.json").symlink_to(host / "secret")
+    os.mkfifo(v / "junit.xml")
+    (v / "big").write_bytes(b"x" * 11)
+    got = overlay.read_regular(
+        str(upper),
+        [],
+        "/logs/verifier",
+        ["reward.txt", "reward.json", "junit.xml", "big", "no"],
+        max_bytes=10,
+    )
+    assert got == {
+        "reward.txt": b"1.0",
+        "reward.json": None,  # a symlink, even to a readable host file
+        "junit.xml": None,  # a FIFO: not opened for reading, so no hang
+        "big": None,
+        "no": None,
+    }
+
+
+def test_read_regular_refuses_a_symlinked_directory(tmp_path: Path) -> None:
+    upper, host = _upper(tmp_path)
+    (upper / "logs" / "verifier").rmdir()
+    (upper / "logs" / "verifier").symlink_to(host)
+    (host / "reward.txt").write_text("1.0")
+    with pytest.raises(overlay.UnreadablePath):
+        overlay.read_regular(str(upper), [], "/logs/verifier", ["reward.txt"], max_bytes=10)
+
+
+def test_read_regular_leaves_a_directory_a_lower_layer_holds_to_the_engine(
+    tmp_path: Path,
+) -> None:
+    upper, _ = _upper(tmp_path)
+    lower = tmp_path / "lower"
+    (lower / "logs" / "verifier").mkdir(parents=True)
+    with pytest.raises(overlay.UnreadablePath):
+        overlay.read_regular(str(upper), [str(lower)], "/logs/verifier", ["a"], max_bytes=10)
+    missing = overlay.read_regular(str(upper), [], "/nothing/here", ["a"], max_bytes=10)
+    assert missing == {"a": None}
+
+
+def test_entries_keep_links_as_links_and_refuse_symlinked_ancestors(tmp_path: Path) -> None:
+    upper, host = _upper(tmp_path)
+    app = upper / "app"
+    (app / "d").mkdir(parents=True)
+    (app / "d" / "f").write_text("data")
+    (app / "d" / "link").symlink_to(host / "secret")
+    os.link(app / "d" / "f", app / "d" / "hard")
+    members = [
+        (i.name, i.type, r.read() if r else None)
+        for i, r in overlay.entries(str(upper), ["/app/d"])
+    ]
+    assert members == [
+        ("app", tarfile.DIRTYPE, None),
+        ("app/d", tarfile.DIRTYPE, None),
+        ("app/d/f", tarfile.REGTYPE, b"data"),
+        ("app/d/hard", tarfile.LNKTYPE, None),
+        ("app/d/link", tarfile.SYMTYPE, None),
+    ]
+    (upper / "esc").symlink_to(host)
+    with pytest.raises(overlay.UnreadablePath):
+        overlay.entries(str(upper), ["/esc/secret"])
+    with pytest.raises(overlay.UnreadablePath):
+        overlay.entries(str(upper), ["/app/missing"])
+
+
+def test_changes_mark_type_changes_and_tolerate_a_file_below(tmp_path: Path) -> None:
+    upper, lower = tmp_path / "u", tmp_path / "l"
+    (lower / "etc").mkdir(parents=True)
+    (lower / "etc" / "was-file").write_text("x")
+    (lower / "etc" / "was-dir").mkdir()
+    (lower / "etc" / "same").write_text("x")
+    (upper / "etc" / "was-file").mkdir(parents=True)
+    (upper / "etc" / "was-file" / "inside").write_text("y")
+    (upper / "etc" / "was-dir").write_text("z")
+    (upper / "etc" / "same").write_text("w")
+    got = {(c.path, c.kind, c.replaced) for c in overlay.changes(str(upper), [str(lower)])}
+    assert got == {
+        ("/etc", "modified", False),
+        ("/etc/was-file", "modified", True),
+        ("/etc/was-file/inside", "added", False),
+        ("/etc/was-dir", "modified", True),
+        ("/etc/same", "modified", False),
+    }
