@@ -315,3 +315,24 @@ def test_verification_takes_a_warm_pristine_sandbox_from_the_pool(stack: Stack) 
         )
     finally:
         stack.admin.put(f"/v1/pools/{template}", json={"target_size": 0})
+
+
+def test_end_state_snapshot_is_kept_only_when_asked(stack: Stack) -> None:
+    ep = start(stack)["episodes"][0]
+    run_oracle(stack, ep)
+    assert verify(stack, ep)["snapshot_id"] is None  # the default: nothing committed
+    stack.ctx.settings.keep_episode_snapshots = True
+    try:
+        ep = start(stack)["episodes"][0]
+        run_oracle(stack, ep)
+        rec = verify(stack, ep)
+    finally:
+        stack.ctx.settings.keep_episode_snapshots = False
+    assert rec["reward"] == 1.0 and rec["snapshot_id"]
+    # The kept snapshot is the end state (committed while the sandbox was frozen).
+    r = stack.alice.post(f"/v1/snapshots/{rec['snapshot_id']}/fork", json={"n": 1})
+    assert r.status_code == 201, r.text
+    fork = r.json()["sandboxes"][0]["id"]
+    assert run(stack.alice, fork, "wc -l < /app/top_words.tsv")["stdout"] == "20\n"
+    assert stack.alice.delete(f"/v1/sandboxes/{fork}").status_code == 200
+    assert stack.alice.delete(f"/v1/snapshots/{rec['snapshot_id']}").status_code == 204
