@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         "data dir) owns its own containers and two deployments never reconcile each other's.",
     )
     docker_host: str | None = Field(None, description="Docker engine URL; default from env.")
+    exec_channel: bool = Field(
+        True,
+        description="Send execs over each sandbox's channel socket (a bind mount under "
+        "<data_dir>/channels) instead of docker exec; needs the engine on this host.",
+    )
     host: str = "127.0.0.1"
     port: int = 8000
 

@@ -32,11 +32,12 @@ def _engine() -> docker.DockerClient:
 
 
 @pytest.fixture(scope="session")
-def docker_runtime() -> Any:
-    """A ``DockerRuntime`` whose supervisor volume is ready (built on first use)."""
+def docker_runtime(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A ``DockerRuntime`` whose supervisor volume is ready (built on first use), with exec
+    channels (as the service makes it on the engine's host)."""
     from service.runtime.docker import DockerRuntime
 
-    runtime = DockerRuntime(client=_engine())
+    runtime = DockerRuntime(client=_engine(), channel_dir=tmp_path_factory.mktemp("channels"))
     runtime.ensure_ready()
     return runtime
 

@@ -1,8 +1,9 @@
 """Wire format between the control plane and ``crucible-exec``, the in-sandbox supervisor.
 
 Engine-agnostic: this module turns requests into bytes and the supervisor's output frames
-back into ``ExecChunk`` / ``ExecResult``; how the bytes travel (``docker exec`` today, a
-persistent agent's socket later) is the runtime's business.
+back into ``ExecChunk`` / ``ExecResult``; how the bytes travel (``docker exec``, or the
+channel socket of the sandbox's idle supervisor: ``service.runtime.channel``) is the
+runtime's business.
 
 Request record (integers big-endian)::
 
@@ -16,9 +17,11 @@ Request record (integers big-endian)::
     e    env entry NAME=VALUE, raw bytes            p    path (resolve, mkdir)
          (repeatable; NAME alone unsets NAME)       P    create parents (u8 0/1)
     k    process group to kill (u64)                w    mkdir owner: name | uid[:gid]
+    u    identity (channel only): user[:group]
 
 The record travels base64-encoded as one argv argument (``--request <b64>``) when it is
-small, else on the supervisor's stdin (``--request-stdin``).
+small, else on the supervisor's stdin (``--request-stdin``); on the channel it is written
+to the connection, with the identity ``docker exec -u`` would otherwise set.
 
 Response: frames ``u8 type | u32 len | payload`` on the supervisor's stdout::
 
@@ -146,6 +149,13 @@ def encode_kill(pgid: int, *, grace_ms: int = DEFAULT_GRACE_MS) -> bytes:
     return _record([_field("o", b"kill"), _u64("k", pgid), _u64("g", grace_ms)])
 
 
+def with_identity(record: bytes, user: str) -> bytes:
+    """``record`` plus the identity to run as (``u`` field; ``""`` is root), for the channel,
+    where no ``docker exec -u`` sets it."""
+    body = record[8:] + _field("u", _text(user, field="user"))
+    return MAGIC + struct.pack(">I", len(body)) + body
+
+
 def supervisor_args(record: bytes) -> tuple[list[str], bytes | None]:
     """The supervisor's argv suffix, and the bytes to send on its stdin (None: no stdin)."""
     encoded = base64.b64encode(record).decode("ascii")
@@ -207,11 +217,14 @@ def raise_for_error(frame: Frame) -> None:
     """Raise the error an ``X`` frame stands for.
 
     ``cwd`` -> ``InvalidRequest`` (field cwd); ``path`` -> ``InvalidRequest`` (field path);
+    ``user`` (the channel could not take the identity) -> ``InvalidRequest`` (field user);
     anything else (request, spawn, internal) -> ``SandboxError``.
     """
     kind, _, message = frame.payload.decode("utf-8", "replace").partition("\n")
     if kind == "cwd":
         raise InvalidRequest(message, field="cwd")
+    if kind == "user":
+        raise InvalidRequest(message, field="user")
     if kind == "path":
         raise InvalidRequest(message, field="path")
     raise SandboxError(f"exec supervisor failed ({kind}): {message}")

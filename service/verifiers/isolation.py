@@ -63,6 +63,7 @@ ENGINE_ENTRIES = frozenset(
     {
         "/usr/sbin/docker-init",
         "/opt/crucible",
+        "/opt/crucible-ctl",
         "/etc/hostname",
         "/etc/hosts",
         "/etc/resolv.conf",
@@ -193,7 +194,8 @@ def plan_changes(changes: Iterable[FsChange], workdir: str | None = None) -> Cha
 
 def _engine_made(path: str) -> bool:
     return path in ENGINE_ENTRIES or any(
-        path.startswith(e + "/") for e in ("/proc", "/sys", "/dev", "/opt/crucible")
+        path.startswith(e + "/")
+        for e in ("/proc", "/sys", "/dev", "/opt/crucible", "/opt/crucible-ctl")
     )
 
 

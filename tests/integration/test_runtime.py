@@ -11,16 +11,58 @@ import secrets
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import docker
 import pytest
 
 from service.errors import InvalidRequest, NotFound
-from service.runtime.base import ExecChunk, ExecRequest, ExecResult
+from service.runtime.base import ExecChunk, ExecRequest, ExecResult, SandboxSpec
 from service.runtime.docker import SUPERVISOR_MOUNT, DockerRuntime
 
 pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", params=["channel", "docker-exec"])
+def docker_runtime(request: pytest.FixtureRequest, docker_runtime: DockerRuntime) -> DockerRuntime:
+    """Every test here runs over both transports: the exec channel (the default) and
+    ``docker exec`` (its fallback, and the only one for an engine on another host)."""
+    if request.param == "channel":
+        return docker_runtime
+    runtime = DockerRuntime(client=docker_runtime._client)
+    runtime.ensure_ready()
+    return runtime
+
+
+@pytest.fixture(scope="module")
+def runtime_deployment(docker_runtime: DockerRuntime) -> Iterator[str]:
+    """This module's deployment label; its containers are destroyed at the end."""
+    deployment = f"test-{secrets.token_hex(4)}"
+    yield deployment
+    for info in docker_runtime.list(deployment=deployment):
+        docker_runtime.destroy(info.container_id)
+
+
+@pytest.fixture(scope="module")
+def make_sandbox(
+    docker_runtime: DockerRuntime, runtime_deployment: str, sandbox_image: str
+) -> Callable[..., str]:
+    """Sandboxes made by this module's runtime (with a channel, or without one)."""
+
+    def make(**overrides: object) -> str:
+        fields: dict[str, object] = {
+            "sandbox_id": f"sb-{secrets.token_hex(4)}",
+            "template": "test",
+            "deployment": runtime_deployment,
+            "image": sandbox_image,
+            "cpus": 1.0,
+            "memory_bytes": 512 << 20,
+            "pids_limit": 256,
+        }
+        fields.update(overrides)
+        return docker_runtime.create(SandboxSpec(**fields))  # type: ignore[arg-type]
+
+    return make
 
 
 @pytest.fixture(scope="module")
@@ -437,3 +479,8 @@ def test_create_from_missing_image_is_not_found(
 ) -> None:
     with pytest.raises(NotFound):
         make_sandbox(image=f"crucible-test/missing-{secrets.token_hex(4)}:latest")
+
+
+def test_transport_is_the_one_asked_for(docker_runtime: DockerRuntime, sandbox: str) -> None:
+    meta = docker_runtime._container_meta(sandbox)
+    assert bool(meta.channel) == (docker_runtime._channel_dir is not None)

@@ -2,13 +2,19 @@
  * crucible-exec: the exec supervisor that runs inside every Crucible sandbox.
  *
  * Statically linked, no dependency on anything in the image (no shell, no libc of the image,
- * no NSS). It lives on a read-only volume at /opt/crucible and is started by `docker exec`
- * once per command (later it may become a persistent in-sandbox agent: request parsing and
- * response framing below are independent of the process handling).
+ * no NSS). It lives on a read-only volume at /opt/crucible. A request reaches it in one of
+ * two ways: `docker exec` starts it once per command (--request*), or the control plane
+ * connects to the channel socket its idle instance listens on (--idle --listen): the idle
+ * process forks one handler per connection, which takes the requested identity and serves
+ * the request exactly as a `docker exec` would, without the engine's per-exec cost.
  *
  * Modes (argv[1]):
- *   --idle                  sleep forever (the container's main process under docker-init);
- *                           exits 0 on SIGTERM/SIGINT/SIGHUP
+ *   --idle [--listen PATH]  sleep forever (the container's main process under docker-init);
+ *                           exits 0 on SIGTERM/SIGINT/SIGHUP. With --listen, also accept
+ *                           requests on a unix socket at PATH: one record per connection,
+ *                           frames back on it. Only peers outside the container's pid
+ *                           namespace are served (SO_PEERCRED pid 0: the control plane on
+ *                           the host); anything inside the sandbox is refused.
  *   --version               print "crucible-exec <version>" and exit 0
  *   --request <base64>      run one request given as base64 of the request record
  *   --request-stdin         read one request record from stdin (for large requests)
@@ -23,6 +29,10 @@
  *         'm' max_output_bytes per stream (u64)        'g' kill grace_ms (u64, default 500)
  *         'p' path (resolve, mkdir)                    'P' create parents (u8 0/1)
  *         'w' owner for mkdir: "name" or "uid[:gid]"   'k' process group to kill (u64)
+ *         'u' identity (channel only; `docker exec` sets its own): "user[:group]", each a
+ *             name or a number, as `docker exec -u` reads it: a named user takes its
+ *             passwd uid, gid and home and its /etc/group memberships; a number not in
+ *             passwd runs with gid 0; HOME comes from passwd unless an 'e' entry sets it
  *   Strings (argv, shell, cwd, env, path, owner) must not contain NUL bytes.
  *
  * Response: frames on stdout, each u8 type | u32 len | payload:
@@ -60,10 +70,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -195,6 +208,7 @@ struct request {
     char *path;
     int parents;
     char *owner;
+    char *user; /* channel only */
 };
 
 static uint32_t be32(const unsigned char *p) {
@@ -244,7 +258,7 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
             snprintf(err, errlen, "field '%c' overruns the record", tag);
             return -1;
         }
-        int is_string = tag != 0 && strchr("ascepw", tag) != NULL;
+        int is_string = tag != 0 && strchr("ascepwu", tag) != NULL;
         if (is_string && has_nul(p, n)) {
             snprintf(err, errlen, "field '%c' contains a NUL byte", tag);
             return -1;
@@ -265,6 +279,7 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
         case 'i': rq->stdin_data = p; rq->stdin_len = n; break;
         case 'p': rq->path = xstrndup(p, n); break;
         case 'w': rq->owner = xstrndup(p, n); break;
+        case 'u': rq->user = xstrndup(p, n); break;
         case 'P': rq->parents = n > 0 && p[0] != 0; break;
         case 't': case 'm': case 'g': case 'k':
             if (n != 8) {
@@ -917,6 +932,199 @@ static int run_kill(const struct request *rq, struct sink *s) {
     return 0;
 }
 
+/* ========================================================================= identity */
+
+/* One passwd entry by name, or by uid when name is NULL. Returns 0 when found. */
+static int passwd_entry(const char *name, uid_t want, uid_t *uid, gid_t *gid, char *home,
+                        size_t homelen, char *login, size_t loginlen) {
+    FILE *f = fopen("/etc/passwd", "re");
+    if (!f) return -1;
+    char line[4096];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        char *fields[7] = {0};
+        char *tok = line;
+        int n = 0;
+        /* strsep keeps empty fields (a password field may be empty) */
+        while (n < 7 && (fields[n] = strsep(&tok, ":")) != NULL) n++;
+        if (n < 7) continue;
+        fields[6][strcspn(fields[6], "\n")] = 0;
+        char *end;
+        unsigned long pu = strtoul(fields[2], &end, 10);
+        if (*end) continue;
+        unsigned long pg = strtoul(fields[3], &end, 10);
+        if (*end) continue;
+        if (name ? strcmp(fields[0], name) != 0 : (uid_t)pu != want) continue;
+        *uid = (uid_t)pu;
+        *gid = (gid_t)pg;
+        snprintf(home, homelen, "%s", fields[5]);
+        snprintf(login, loginlen, "%s", fields[0]);
+        found = 0;
+    }
+    fclose(f);
+    return found;
+}
+
+/* A group's gid by name. Returns 0 when found. */
+static int group_gid(const char *name, gid_t *gid) {
+    FILE *f = fopen("/etc/group", "re");
+    if (!f) return -1;
+    char line[65536];
+    int found = -1;
+    size_t nl = strlen(name);
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        unsigned long g;
+        if (strncmp(line, name, nl) == 0 && line[nl] == ':' &&
+            sscanf(line + nl, ":%*[^:]:%lu", &g) == 1) {
+            *gid = (gid_t)g;
+            found = 0;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* The gids of the groups that list `login` as a member, plus `primary`. */
+static int member_gids(const char *login, gid_t primary, gid_t *out, int max) {
+    int n = 0;
+    out[n++] = primary;
+    FILE *f = login[0] ? fopen("/etc/group", "re") : NULL;
+    if (!f) return n;
+    char line[65536];
+    while (n < max && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *tok = line, *fields[4] = {0};
+        int k = 0;
+        while (k < 4 && (fields[k] = strsep(&tok, ":")) != NULL) k++;
+        if (k < 4) continue;
+        char *end;
+        unsigned long g = strtoul(fields[2], &end, 10);
+        if (*end) continue;
+        for (char *m = strtok(fields[3], ","); m; m = strtok(NULL, ",")) {
+            if (strcmp(m, login) == 0 && (gid_t)g != primary) {
+                out[n++] = (gid_t)g;
+                break;
+            }
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+static int has_env(const struct request *rq, const char *name) {
+    size_t nl = strlen(name);
+    for (size_t i = 0; i < rq->envc; i++)
+        if (strncmp(rq->env[i], name, nl) == 0 && (rq->env[i][nl] == '=' || !rq->env[i][nl]))
+            return 1;
+    return 0;
+}
+
+/* Take the identity `docker exec -u user` would give (see the 'u' field). Returns 0, or -1
+ * with a message in err. */
+static int become(const struct request *rq, char *err, size_t errlen) {
+    char spec[512], home[1024] = "/", login[256] = "";
+    snprintf(spec, sizeof spec, "%s", rq->user && rq->user[0] ? rq->user : "0");
+    char *group = strchr(spec, ':');
+    if (group) *group++ = 0;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    char *end;
+    unsigned long num = strtoul(spec, &end, 10);
+    if (spec[0] && !*end) {
+        uid = (uid_t)num;
+        if (passwd_entry(NULL, uid, &uid, &gid, home, sizeof home, login, sizeof login) < 0) {
+            gid = 0;
+            login[0] = 0;
+        }
+    } else if (passwd_entry(spec, 0, &uid, &gid, home, sizeof home, login, sizeof login) < 0) {
+        snprintf(err, errlen, "unable to find user %.200s: no matching entries in passwd file", spec);
+        return -1;
+    }
+    if (group && group[0]) {
+        unsigned long g = strtoul(group, &end, 10);
+        if (!*end) gid = (gid_t)g;
+        else if (group_gid(group, &gid) < 0) {
+            snprintf(err, errlen, "unable to find group %.200s: no matching entries in group file",
+                     group);
+            return -1;
+        }
+    }
+    gid_t groups[64];
+    int ngroups = member_gids(group && group[0] ? "" : login, gid, groups, 64);
+    if (!has_env(rq, "HOME")) setenv("HOME", home, 1);
+    if (setgroups((size_t)ngroups, groups) < 0 || setgid(gid) < 0 || setuid(uid) < 0) {
+        snprintf(err, errlen, "taking uid %u gid %u: %s", (unsigned)uid, (unsigned)gid,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* ========================================================================== channel */
+
+static int dispatch(const struct request *rq, struct sink *s);
+static void setup_signals(void);
+
+/* In a forked handler: read one record from the connection, take its identity, serve it. */
+static void serve_connection(int conn) {
+    for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    struct sink s = {.fd = conn, .broken = 0};
+    size_t len = 0;
+    char err[512] = "";
+    struct request rq;
+    setup_signals();
+    unsigned char *buf = read_record(conn, &len, err, sizeof err);
+    if (!buf || parse_request(buf, len, &rq, err, sizeof err) < 0) {
+        emit_error(&s, "request", "%s", err);
+        _exit(2);
+    }
+    if (become(&rq, err, sizeof err) < 0) {
+        emit_error(&s, "user", "%s", err);
+        _exit(2);
+    }
+    _exit(dispatch(&rq, &s) & 0xff);
+}
+
+/* Accept requests on a unix socket at `path` (see --listen). Never returns on success. */
+static int listen_on(const char *path) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path) return -1;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    unlink(path);
+    mode_t old = umask(0177);
+    int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
+    umask(old);
+    if (rc < 0 || listen(fd, 128) < 0) {
+        close(fd);
+        return -1;
+    }
+    for (;;) {
+        int conn = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE ||
+                errno == ENOBUFS || errno == ENOMEM)
+                continue;
+            sleep_ms(10);
+            continue;
+        }
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        /* pid 0: the peer is not in this pid namespace (the host); else it is the sandbox */
+        if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.pid != 0) {
+            close(conn);
+            continue;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd);
+            serve_connection(conn);
+        }
+        close(conn); /* fork failed: the peer sees EOF without a result and falls back */
+    }
+}
+
 /* ============================================================================ modes */
 
 static void on_term(int sig) {
@@ -932,12 +1140,19 @@ static void on_idle_sigchld(int sig) {
     errno = e;
 }
 
-/* Sleep forever. Also reaps orphans, for containers started without docker-init. */
-static int run_idle(void) {
+/* Sleep forever (or serve the channel at `listen`). Also reaps orphans and handlers. */
+static int run_idle(const char *listen) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_idle_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigemptyset(&sa.sa_mask);
     signal(SIGTERM, on_term);
     signal(SIGINT, on_term);
     signal(SIGHUP, on_term);
-    signal(SIGCHLD, on_idle_sigchld);
+    signal(SIGPIPE, SIG_IGN);
+    sigaction(SIGCHLD, &sa, NULL);
+    if (listen) listen_on(listen); /* returns only when the socket cannot be made */
     for (;;) pause();
     return 0;
 }
@@ -964,14 +1179,18 @@ static void setup_signals(void) {
 
 static int usage(void) {
     static const char msg[] =
-        "usage: crucible-exec --idle | --version | --request <base64> | --request-stdin\n";
+        "usage: crucible-exec --idle [--listen PATH] | --version | --request <base64> | "
+        "--request-stdin\n";
     (void)!write(2, msg, sizeof msg - 1);
     return 2;
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
-    if (strcmp(argv[1], "--idle") == 0) return run_idle();
+    if (strcmp(argv[1], "--idle") == 0) {
+        if (argc == 4 && strcmp(argv[2], "--listen") == 0) return run_idle(argv[3]);
+        return argc == 2 ? run_idle(NULL) : usage();
+    }
     if (strcmp(argv[1], "--version") == 0) {
         printf("crucible-exec %s\n", CRUCIBLE_EXEC_VERSION);
         return 0;
