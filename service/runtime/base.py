@@ -222,11 +222,12 @@ class SandboxRuntime(Protocol):
         ...
 
     def export_entries(
-        self, container_id: str, paths: Sequence[str]
+        self, container_id: str, paths: Sequence[str], *, max_bytes: int | None = None
     ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
         """Tar members (names relative to ``/``) of absolute ``paths`` as they are in a frozen
         container: directories recursively, owners, modes and symlinks kept. A regular file's
-        reader is valid only until the next member is asked for."""
+        reader is valid only until the next member is asked for. ``PayloadTooLarge`` when
+        the regular files add up to more than ``max_bytes``."""
         ...
 
     def diff(self, container_id: str) -> list[FsChange]:

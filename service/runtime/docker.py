@@ -42,7 +42,14 @@ import docker.utils
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
-from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound, SandboxError
+from service.errors import (
+    Conflict,
+    CrucibleError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    SandboxError,
+)
 from service.runtime import channel, overlay
 from service.runtime.base import (
     LABEL_DEPLOYMENT,
@@ -1120,25 +1127,33 @@ class DockerRuntime:
             raise _map_error(e, f"thawing container {container_id}") from e
 
     def export_entries(
-        self, container_id: str, paths: Sequence[str]
+        self, container_id: str, paths: Sequence[str], *, max_bytes: int | None = None
     ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
         """Tar members of ``paths`` as they are in the frozen container (see the protocol).
 
         From the upper directory when this host can read it (``overlay.entries``: each path
         preceded by its ancestors' directory entries, so a directory that replaced a file is
         recreated as one); otherwise, or when a path is not there, one engine archive per
-        path (no ancestor entries). Raises ``NotFound`` or ``SandboxError``.
+        path (no ancestor entries). ``max_bytes`` bounds the regular files' total (apparent)
+        size: ``PayloadTooLarge`` is raised before the member that would pass it is read (a
+        sparse file counts at its full size, as it would be copied). Raises ``NotFound`` or
+        ``SandboxError`` otherwise.
         """
         found = self._layers(container_id)
+        members: Iterator[tuple[tarfile.TarInfo, BinaryIO | None]] | None = None
         if found is not None:
             try:
-                return overlay.entries(found[0], paths)
+                members = overlay.entries(found[0], paths)
             except (overlay.UnreadablePath, OSError):
-                pass
-        return (m for path in paths for m in self._engine_entries(container_id, path))
+                members = None
+        if members is None:
+            members = (
+                m for path in paths for m in self._engine_entries(container_id, path, max_bytes)
+            )
+        return members if max_bytes is None else _capped(members, max_bytes)
 
     def _engine_entries(
-        self, container_id: str, path: str
+        self, container_id: str, path: str, max_bytes: int | None
     ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
         """Members of the engine's archive of ``path``, renamed to be relative to ``/``."""
         parent = posixpath.dirname(posixpath.normpath(path)).strip("/")
@@ -1146,6 +1161,8 @@ class DockerRuntime:
         with spool:
             for chunk in self.get_archive(container_id, path):
                 spool.write(chunk)
+                if max_bytes is not None and spool.tell() > max_bytes + (1 << 20):
+                    raise PayloadTooLarge(f"{path} holds more than {max_bytes} bytes")
             spool.seek(0)
             try:
                 with tarfile.open(fileobj=spool, mode="r:") as t:
@@ -1220,3 +1237,19 @@ class DockerRuntime:
             return self._api.inspect_image(image)["Id"]
         except Exception as e:
             raise _map_error(e, f"image {image}") from e
+
+
+def _capped(
+    members: Iterator[tuple[tarfile.TarInfo, BinaryIO | None]], max_bytes: int
+) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
+    """``members``, raising ``PayloadTooLarge`` before the regular file that would take
+    their total size past ``max_bytes``."""
+    total = 0
+    for info, reader in members:
+        if info.isreg():
+            total += info.size
+            if total > max_bytes:
+                raise PayloadTooLarge(
+                    f"the changed files hold more than {max_bytes} bytes (at {info.name})"
+                )
+        yield info, reader

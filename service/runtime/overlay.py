@@ -12,9 +12,11 @@ lower directory of the same path. Redirected directories (``redirect_dir``) and 
 copy-up (``metacopy``) would put content outside the upper directory, so the module refuses to
 work (``usable`` is False) when the kernel enables either.
 
-Safety: the upper directory belongs to a sandbox, so an agent controls its contents. Readers
-never follow a symlink found in it (``lstat``, ``O_NOFOLLOW``) and the caller freezes the
-container first (``DockerRuntime.freeze``) so nothing changes while it is read.
+Safety: the upper directory belongs to a sandbox, so an agent controls its contents; the
+image's layers hold symlinks too (``/var/run -> /run``), which on this host point at the
+host's own files. Readers never follow a symlink in any layer (``lstat``, and ``O_NOFOLLOW``
+component by component), and the caller freezes the container first
+(``DockerRuntime.freeze``) so nothing changes while it is read.
 """
 
 from __future__ import annotations
@@ -68,13 +70,59 @@ def _is_opaque(path: str) -> bool:
         return False
 
 
-def _lower_stat(lowers: list[str], rel: str) -> os.stat_result | None:
-    for d in lowers:
+def _open_dir(layer: str, rel: str) -> int | None:
+    """A directory fd for ``rel`` in ``layer``, every component opened with ``O_NOFOLLOW``
+    relative to its parent (a symlink in an image layer may point anywhere on this host:
+    ``/var/run -> /run``), or None where the layer has no such directory."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        fd = os.open(layer, flags)
+    except OSError:
+        return None
+    for part in [p for p in rel.split("/") if p]:
         try:
-            return os.lstat(os.path.join(d, rel))
-        except (FileNotFoundError, NotADirectoryError):
+            child = os.open(part, flags, dir_fd=fd)
+        except OSError:  # missing, a symlink (ELOOP) or not a directory
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def _lower_stat(lowers: list[str], rel: str) -> os.stat_result | None:
+    """``lstat`` of ``rel`` in the first lower layer that has it, never following a symlink
+    in any component."""
+    parent, _, name = rel.rpartition("/")
+    for d in lowers:
+        fd = _open_dir(d, parent)
+        if fd is None:
             continue
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
     return None
+
+
+def _lower_children(lowers: list[str], rel: str) -> set[str]:
+    """Names in directory ``rel`` across the lower layers (no symlink followed)."""
+    out: set[str] = set()
+    for d in lowers:
+        fd = _open_dir(d, rel)
+        if fd is None:
+            continue
+        try:
+            out.update(os.listdir(fd))
+        finally:
+            os.close(fd)
+    return out
+
+
+def _in_lower(lowers: list[str], rel: str) -> bool:
+    return _lower_stat(lowers, rel) is not None
 
 
 def changes(upper: str, lowers: list[str]) -> list[FsChange]:
@@ -103,12 +151,7 @@ def changes(upper: str, lowers: list[str]) -> list[FsChange]:
                 out.append(FsChange("/" + rel, "modified", replaced=replaced))
             if stat.S_ISDIR(st.st_mode) and _is_opaque(full):
                 present = set(os.listdir(full))
-                hidden = {
-                    c
-                    for d in lowers
-                    if os.path.isdir(os.path.join(d, rel))
-                    for c in os.listdir(os.path.join(d, rel))
-                }
+                hidden = _lower_children(lowers, rel)
                 out.extend(FsChange(f"/{rel}/{c}", "deleted") for c in sorted(hidden - present))
     return out
 
@@ -209,7 +252,7 @@ def read_regular(
     is not a real directory.
     """
     rel = os.path.normpath(directory).strip("/")
-    if any(os.path.lexists(os.path.join(d, rel)) for d in lowers):
+    if rel and _in_lower(lowers, rel):
         raise UnreadablePath(directory)
     out: dict[str, bytes | None] = dict.fromkeys(names)
     dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW

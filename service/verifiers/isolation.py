@@ -53,6 +53,7 @@ PROTECTED_PREFIXES = (
     "/logs",
     "/conftest.py",
     "/pytest.ini",
+    "/.pytest.ini",
     "/pyproject.toml",
     "/tox.ini",
     "/setup.cfg",
@@ -93,6 +94,11 @@ SHADOWABLE = frozenset(sys.stdlib_module_names) | {
     "py",
     "tomli",
     "exceptiongroup",
+    "attr",  # attrs: pytest < 7.3 imports it at start-up (found by a new-user trial)
+    "attrs",
+    "pygments",  # imported for coloured output
+    "argcomplete",
+    "colorama",
     "sitecustomize",
     "usercustomize",
     "conftest",
@@ -124,7 +130,9 @@ class ChangePlan:
 
 
 _MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
-_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth")
+# importlib.metadata finds distributions by these on every sys.path entry; a ``.pth`` or
+# ``.egg-link`` only acts in a site directory, never in the workdir.
+_METADATA_SUFFIXES = (".dist-info", ".egg-info")
 
 
 def shadowing_modules(paths: Iterable[str], workdir: str) -> tuple[str, ...]:

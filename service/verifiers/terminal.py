@@ -3,11 +3,15 @@ reward the Harbor way (``/logs/verifier/reward.txt`` or ``reward.json``), gated 
 report.
 
 Gates (a failed gate scores 0 with the reason in ``details``; it is the agent's outcome):
+- modules planted in the workdir that would hijack the test runner (``isolation``);
+- an end state whose changed files exceed the task's storage limit (``storage_mb``);
+- a workdir that is gone or no longer a directory;
 - the pytest report must show exactly ``expected_tests`` tests when the task states it;
 - any skipped or xfailed test, or zero collected tests, does not pass.
 Infrastructure outcomes are not scores: a verifier timeout is ``status=timeout``; a test
-script that leaves no reward (Harbor) or a report missing while ``expected_tests`` is set
-is ``status=error``. Both are excluded from loss.
+script that leaves no reward (Harbor) or a report missing while ``expected_tests`` is set,
+or a test command killed by a signal (its report cannot be trusted), is ``status=error``.
+All are excluded from loss.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.errors import CrucibleError, InvalidRequest, SandboxError
+from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
 from service.runtime.base import ExecRequest, SandboxRuntime
 from service.tasks.models import Task
 from service.verifiers.base import VerifierResult
@@ -34,6 +38,7 @@ from service.verifiers.registry import EndState, register
 NAME = "terminal"
 VERSION = "1"
 MAX_REPORT_BYTES = 4 << 20
+KILLED_EXIT_CODES = (128 + 9, 128 + 15)  # SIGKILL / SIGTERM, passed on by the test script
 SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
 
 
@@ -61,6 +66,7 @@ class TerminalCheck:
     reward_source: str = "file"  # "file" (Harbor) | "exit_code" (Terminal-Bench 1)
     extra_files: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    max_end_state_bytes: int | None = None  # the task's storage limit
 
 
 def parse_junit(xml_bytes: bytes) -> TestCounts:
@@ -140,19 +146,15 @@ def parse_reward(
 REPORT_FILES = ("reward.txt", "reward.json", "junit.xml")
 
 
-def _shadowed(paths: tuple[str, ...], t0: float) -> VerifierResult:
-    """The agent planted modules that would hijack the test runner: a score of 0."""
+def _gated(gate: str, t0: float, **details: Any) -> VerifierResult:
+    """The end state fails before any test runs (the agent's outcome): a score of 0."""
     return VerifierResult(
         name=NAME,
         version=VERSION,
         status="ok",
         reward=0.0,
         components={"reward_file": 0.0},
-        details={
-            "gate": "the workdir shadows modules the test runner imports: " + ", ".join(paths),
-            "passed": False,
-            "tampered": list(paths),
-        },
+        details={"gate": gate, "passed": False, **details},
         duration_ms=(time.perf_counter() - t0) * 1e3,
     )
 
@@ -261,21 +263,33 @@ def verify(
     try:
         plan = plan_changes(runtime.diff(episode_container_id), check.workdir)
         if plan.shadowing:
-            return _shadowed(plan.shadowing, t0)
+            gate = "the workdir shadows modules the test runner imports: "
+            return _gated(gate + ", ".join(plan.shadowing), t0, tampered=list(plan.shadowing))
         vcid = fresh_sandbox()
         created.append(vcid)
-        _replay(runtime, plan, check, source=episode_container_id, into=vcid)
-        res = runtime.exec(
-            vcid,
-            ExecRequest(
-                cmd=["/bin/bash", "--noprofile", "--norc", "-c", check.test_command],
-                cwd=check.workdir,
-                timeout_s=check.timeout_s,
-                user="0",
-                max_output_bytes=32 << 10,
-                env={k: v.encode() for k, v in {**check.env, **VERIFIER_ENV}.items()},
-            ),
-        )
+        try:
+            _replay(runtime, plan, check, source=episode_container_id, into=vcid)
+        except PayloadTooLarge as e:
+            limit_mib = (check.max_end_state_bytes or 0) >> 20
+            gate = f"the end state exceeds the task's storage limit of {limit_mib} MiB: {e.detail}"
+            return _gated(gate, t0, tampered=list(plan.tampered))
+        try:
+            res = runtime.exec(
+                vcid,
+                ExecRequest(
+                    cmd=["/bin/bash", "--noprofile", "--norc", "-c", check.test_command],
+                    cwd=check.workdir,
+                    timeout_s=check.timeout_s,
+                    user="0",
+                    max_output_bytes=32 << 10,
+                    env={k: v.encode() for k, v in {**check.env, **VERIFIER_ENV}.items()},
+                ),
+            )
+        except InvalidRequest as e:
+            if e.field != "cwd":
+                raise
+            gate = f"the workdir {check.workdir} is not a directory in the end state"
+            return _gated(gate, t0, tampered=list(plan.tampered))
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
         if res.timed_out:
             return VerifierResult(
@@ -286,6 +300,24 @@ def verify(
                 duration_ms=(time.perf_counter() - t0) * 1e3,
                 details={
                     "reason": f"tests exceeded {check.timeout_s} s",
+                    "log_tail": log_tail,
+                    "tampered": list(plan.tampered),
+                },
+            )
+        if res.signal or res.exit_code in KILLED_EXIT_CODES:
+            # Something killed the test command (or the run it reports): whatever report it
+            # left is not the tests' verdict (code the tests ran can write one, then kill).
+            return VerifierResult(
+                name=NAME,
+                version=VERSION,
+                status="error",
+                reward=None,
+                duration_ms=(time.perf_counter() - t0) * 1e3,
+                details={
+                    "reason": f"the test command was killed (signal {res.signal}, "
+                    f"exit code {res.exit_code})"
+                    + (" (out of memory)" if res.oom_killed else "")
+                    + "; its report is not trusted",
                     "log_tail": log_tail,
                     "tampered": list(plan.tampered),
                 },
@@ -335,7 +367,8 @@ def _replay(
     removals first (the pristine toolchain's ``rm``, paths NUL-separated on stdin), then one
     archive with the changed entries read from ``source`` and the tests.
 
-    Raises ``CrucibleError`` (the removal failed, the engine refused the archive).
+    Raises ``PayloadTooLarge`` (the changed files exceed ``check.max_end_state_bytes``) or
+    another ``CrucibleError`` (the removal failed, the engine refused the archive).
     """
     if plan.delete:
         res = runtime.exec(
@@ -355,7 +388,8 @@ def _replay(
             )
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as buf:
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-            for info, reader in runtime.export_entries(source, plan.copy):
+            entries = runtime.export_entries(source, plan.copy, max_bytes=check.max_end_state_bytes)
+            for info, reader in entries:
                 t.addfile(info, reader)
             # /tests and /logs are protected (never replayed): fresh tests and an empty
             # /logs/verifier go in last.
@@ -378,6 +412,7 @@ def check_for(task: Task) -> TerminalCheck:
         pass_threshold=task.pass_threshold,
         reward_source="exit_code" if task.reward_source == "exit_code" else "file",
         env=dict(task.test_env),
+        max_end_state_bytes=task.environment.storage_mb << 20,
     )
 
 

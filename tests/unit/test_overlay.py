@@ -106,3 +106,30 @@ def test_changes_mark_type_changes_and_tolerate_a_file_below(tmp_path: Path) -> 
         ("/etc/was-dir", "modified", True),
         ("/etc/same", "modified", False),
     }
+
+
+def test_changes_never_follow_a_symlink_in_an_image_layer(tmp_path: Path) -> None:
+    # Found by a new-user trial: the image's /var/run -> /run pointed the opaque-directory
+    # listing at the HOST's /run, whose names became "deleted" entries of the plan.
+    host = tmp_path / "host-run"
+    (host / "docker.sock").mkdir(parents=True)
+    upper, lower = tmp_path / "u", tmp_path / "l"
+    (lower / "var").mkdir(parents=True)
+    (lower / "var" / "run").symlink_to(host)  # absolute, as in Debian images
+    (upper / "var" / "run").mkdir(parents=True)
+    (upper / "var" / "run" / "x").write_text("")
+    os.setxattr(upper / "var" / "run", "trusted.overlay.opaque", b"y")
+    got = {(c.path, c.kind, c.replaced) for c in overlay.changes(str(upper), [str(lower)])}
+    assert got == {
+        ("/var", "modified", False),
+        ("/var/run", "modified", True),  # a symlink replaced by a directory
+        ("/var/run/x", "added", False),  # not looked up through the host's directory
+    }
+    with pytest.raises(overlay.UnreadablePath):
+        overlay.read_regular(str(upper), [str(lower)], "/var", ["a"], max_bytes=1)
+    (host / "reward.txt").write_text("1")
+    (tmp_path / "empty-upper").mkdir()
+    with pytest.raises(overlay.UnreadablePath):  # the engine reads it, inside the sandbox
+        overlay.read_regular(
+            str(tmp_path / "empty-upper"), [str(lower)], "/var/run", ["reward.txt"], max_bytes=9
+        )

@@ -217,3 +217,33 @@ def test_ordinary_outputs_are_not_hijacks() -> None:
         FsChange("/app/data.so.1", "added"),
     ]
     assert plan_changes(changes, "/app").shadowing == ()
+
+
+def test_new_user_trial_findings_in_the_plan() -> None:
+    # attrs' module in the workdir hijacks pytest 7.2; pytest's hidden root config is read;
+    # a .pth file in the workdir does nothing (only site directories process them).
+    plan = plan_changes(
+        [
+            FsChange("/app/attr.py", "added"),
+            FsChange("/app/notes.pth", "added"),
+            FsChange("/.pytest.ini", "added"),
+        ],
+        "/app",
+    )
+    assert plan.shadowing == ("/app/attr.py",)
+    assert plan.tampered == ("/.pytest.ini",)
+    assert is_protected("/.pytest.ini")
+
+
+def test_type_changes_are_removed_before_the_copy() -> None:
+    plan = plan_changes(
+        [
+            FsChange("/etc", "modified"),
+            FsChange("/etc/was-file", "modified", replaced=True),
+            FsChange("/etc/was-file/inside", "added"),
+            FsChange("/etc/was-dir", "modified", replaced=True),
+        ],
+        "/app",
+    )
+    assert plan.delete == ("/etc/was-dir", "/etc/was-file")
+    assert plan.copy == ("/etc/was-dir", "/etc/was-file/inside")

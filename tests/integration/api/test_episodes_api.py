@@ -101,6 +101,24 @@ HACKS = {
     "> /app/zz-1.0.dist-info/entry_points.txt && echo 'x = 1' > /app/zz_plugin.py",
     # a start-up file that a login shell would run
     "profile": "echo 'echo 1 > /logs/verifier/reward.txt; exit 0' > /etc/profile.d/zz.sh",
+    # pytest's hidden root config loading a workdir plugin (found by a new-user trial)
+    "dot-pytest-ini": "printf '[pytest]\\naddopts = -p evilplug\\n' > /.pytest.ini && printf "
+    "'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, "
+    'call):\\n    o = yield\\n    o.get_result().outcome = "passed"\\n\' > /app/evilplug.py',
+    # attrs' module in the workdir: pytest 7.2 imports it at start-up (new-user trial)
+    "attr": 'printf \'import os\\nos.environ["PYTEST_PLUGINS"] = "evilplug"\\n\' > /app/attr.py',
+    # a sparse file far beyond the task's storage limit (2048 MiB): no 3 GiB copy is made
+    "sparse": "truncate -s 3G /app/big",
+    # no workdir at all: the agent's outcome (0), not a verifier error
+    "no-workdir": "rm -rf /app",
+}
+GATED = {
+    "attr": "shadows modules",
+    "shadow": "shadows modules",
+    "pyc": "shadows modules",
+    "plugin": "shadows modules",
+    "sparse": "storage limit of 2048 MiB",
+    "no-workdir": "is not a directory",
 }
 
 
@@ -109,10 +127,15 @@ def test_reward_hacks_score_zero(stack: Stack, hack: str) -> None:
     ep = start(stack)["episodes"][0]
     out = run(stack.alice, ep["sandbox_id"], HACKS[hack])
     assert out["exit_code"] == 0, (out["stdout"], out["stderr"])
+    t0 = time.monotonic()
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
-    if hack in ("conftest", "toolchain", "planted", "profile", "pyc", "plugin"):
-        assert rec["verifier"]["details"]["tampered"], rec["verifier"]["details"]
+    details = rec["verifier"]["details"]
+    if hack in ("conftest", "toolchain", "planted", "profile", "pyc", "plugin", "dot-pytest-ini"):
+        assert details["tampered"], details
+    if hack in GATED:
+        assert GATED[hack] in details["gate"], details
+    assert time.monotonic() - t0 < 30  # the sparse file is refused, not copied
 
 
 def test_oracle_still_passes_after_a_harmless_toolchain_touch(stack: Stack) -> None:
@@ -172,6 +195,48 @@ def test_unencodable_trajectory_text_is_refused_and_exports_keep_working(stack: 
     assert verify(stack, ep)["reward"] == 0.0
     for fmt in ("jsonl", "parquet"):
         assert stack.alice.get("/v1/rewards/export", params={"format": fmt}).status_code == 200
+
+
+def _tiny_task(root: Path, name: str, test_sh: str, *, timeout_s: float = 30.0) -> Path:
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "environment" / "Dockerfile").write_text(
+        "ARG BASE_IMAGE=crucible/terminal:latest\nFROM ${BASE_IMAGE}\nWORKDIR /app\n"
+    )
+    (task / "instruction.md").write_text("Do nothing.\n")
+    (task / "tests" / "test.sh").write_text(test_sh)
+    (task / "task.toml").write_text(
+        textwrap.dedent(f"""\
+        version = "1.0"
+        [verifier]
+        timeout_sec = {timeout_s}
+        [agent]
+        timeout_sec = 60.0
+        [environment]
+        allow_internet = false
+        workdir = "/app"
+        """)
+    )
+    return task
+
+
+def test_a_killed_test_run_is_an_error_not_its_forged_report(stack: Stack, tmp_path: Path) -> None:
+    # Found by a new-user trial: code the tests run (a git fsmonitor hook) wrote a passing
+    # report, then killed the run before the real verdict was written; it scored 1.0.
+    forged = "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n"
+    _tiny_task(tmp_path / "killed", "self-kill", f"#!/bin/bash\n{forged}kill -9 $$\n")
+    _tiny_task(
+        tmp_path / "killed", "pass-on", f"#!/bin/bash\n{forged}bash -c 'kill -9 $$'\nexit $?\n"
+    )
+    stack.ctx.tasks.add_suite(load_suite(tmp_path / "killed"))
+    for name in ("self-kill", "pass-on"):
+        r = stack.alice.post("/v1/episodes", json={"task_id": name, "suite": "killed"})
+        assert r.status_code == 201, r.text
+        ep = r.json()["episodes"][0]
+        rec = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ).json()
+        assert (rec["reward"], rec["verifier"]["status"]) == (None, "error"), rec["verifier"]
+        assert "killed" in rec["verifier"]["details"]["reason"]
 
 
 def test_verifier_timeout_is_not_a_zero(stack: Stack, tmp_path: Path) -> None:
