@@ -1,31 +1,42 @@
-"""The exec channel: requests to a sandbox's idle supervisor over a unix socket.
+"""The exec channel: requests to a sandbox's idle supervisor without ``docker exec``.
 
 A ``docker exec`` costs ~45 ms here (the engine starts a process in the container through
 runc), about as much as a short command itself. Every sandbox's main process is
-``crucible-exec --idle``; with a channel directory it also listens on
-``CHANNEL_MOUNT/ctl.sock``, a bind mount of a per-sandbox directory on the engine's host.
-The control plane connects there, writes one request record (``protocol``) with the identity
-to take, and reads the same frames a ``docker exec`` of the supervisor would print: ~1 ms
-of transport instead of ~45.
+``crucible-exec --idle``; with a channel it is started as ``--idle --connect
+CHANNEL_MOUNT/ctl.sock`` and connects, once, to a socket the control plane listens on in a
+per-sandbox host directory, bind-mounted READ-ONLY at ``CHANNEL_MOUNT``:
 
-Trust, both ways:
-- The supervisor serves only peers outside the container's pid namespace (``SO_PEERCRED``
-  pid 0): nothing inside the sandbox can use the socket to run as another user.
-- Before sending anything, the control plane checks its peer: the process must run
-  ``/opt/crucible/crucible-exec`` (the read-only volume) in this container's cgroup, so a
-  socket or symlink the agent planted in the directory is never spoken to.
+1. ``Listener`` (host): a fresh root-only directory with a listening socket, made before the
+   container exists.
+2. The container starts; its supervisor connects at once, before anything of the agent's can
+   run there. ``Listener.accept`` takes that one connection, checks the peer (it must run
+   ``/opt/crucible/crucible-exec`` in this container's cgroup), then closes the listener and
+   unlinks the socket: nothing can ever connect again, and the agent cannot write to the
+   host (the mount is read-only). The empty directory stays while the container exists (the
+   engine mounts it again for every archive call) and goes with ``DockerRuntime.destroy``.
+3. Per request, ``ControlChannel.open`` sends ``N`` on that connection; the supervisor forks
+   a handler on a fresh socketpair and passes the other end back (``SCM_RIGHTS``). The
+   request record (``protocol``, with the identity to take) goes to the handler, which
+   answers with the same frames a ``docker exec`` of the supervisor would print: ~1 ms of
+   transport instead of ~45. The supervisor is not dumpable, so the agent's processes (same
+   uid, no ``CAP_SYS_PTRACE``) cannot take its descriptors.
 
-``Unavailable`` means nothing was sent (no socket yet, a container made without a channel,
-an engine on another host, a peer that fails the check): the caller uses ``docker exec``.
-Once a request is sent, failures are errors, never retried elsewhere (the command may have
-run).
+``Unavailable`` means nothing was sent (no channel for this container, the supervisor did
+not hand over a handler in time: stopped, or gone): the caller uses ``docker exec``, and a
+control connection that failed once is dropped for good. Once a record is sent, failures
+are errors, never retried elsewhere (the command may have run). After a control-plane
+restart, adopted sandboxes have no channel (there is no way back in): ``docker exec``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import struct
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +46,9 @@ from service.runtime.protocol import FRAME_ERROR, FRAME_RESULT, Frame, FrameDeco
 CHANNEL_MOUNT = "/opt/crucible-ctl"
 SOCKET_NAME = "ctl.sock"
 SUPERVISOR_EXE = "/opt/crucible/crucible-exec"
+ACCEPT_TIMEOUT_S = 5.0  # the supervisor connects within milliseconds of the start
+OPEN_TIMEOUT_S = 2.0  # the supervisor hands over a handler within microseconds
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-CONNECT_TIMEOUT_S = 5.0
-# The supervisor answers at once (an exec's ``S`` frame comes right after its fork): a longer
-# silence before the first frame means it cannot run (a container paused behind our back).
-FIRST_FRAME_TIMEOUT_S = 15.0
 
 
 class Unavailable(Exception):
@@ -47,80 +56,151 @@ class Unavailable(Exception):
 
 
 def socket_path_in_sandbox() -> str:
-    """Where the supervisor listens, inside the sandbox."""
+    """Where the supervisor connects, inside the sandbox."""
     return f"{CHANNEL_MOUNT}/{SOCKET_NAME}"
 
 
-def connect(directory: Path, container_id: str) -> socket.socket:
-    """A connection to the supervisor listening in ``directory`` (the host side of the
-    sandbox's channel mount), its peer checked (module docstring).
+class Listener:
+    """The host side of a sandbox's channel before the sandbox starts (module docstring).
 
-    The socket is reached through ``/proc/self/fd`` of the opened directory, so the path
-    length limit of unix sockets (108 bytes) never applies. Raises ``Unavailable``.
+    ``directory`` is bind-mounted read-only at ``CHANNEL_MOUNT``. Raises ``OSError`` when
+    the directory or socket cannot be made.
     """
-    try:
-        dir_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as e:
-        raise Unavailable(f"no channel directory: {e}") from None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(CONNECT_TIMEOUT_S)
-        sock.connect(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
-        pid, _, _ = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
-        _check_peer(pid, container_id)
-    except (OSError, Unavailable) as e:
-        sock.close()
-        raise Unavailable(f"channel of container {container_id}: {e}") from None
-    finally:
-        os.close(dir_fd)
-    return sock
+
+    def __init__(self, root: Path, sandbox_id: str) -> None:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory = root / sandbox_id
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory.mkdir(mode=0o700)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dir_fd = os.open(self.directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            # Through /proc/self/fd, so the 108-byte limit of socket paths never applies.
+            self._sock.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
+        except OSError:
+            self.discard()
+            raise
+        finally:
+            os.close(dir_fd)
+        self._sock.listen(1)
+
+    def accept(self, container_id: str) -> ControlChannel:
+        """The supervisor's connection, its peer checked. Raises ``Unavailable``."""
+        try:
+            self._sock.settimeout(ACCEPT_TIMEOUT_S)
+            conn, _ = self._sock.accept()
+        except OSError as e:
+            raise Unavailable(f"the supervisor of {container_id} did not connect: {e}") from None
+        try:
+            pid, _, _ = _PEERCRED.unpack(
+                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
+            _check_peer(pid, container_id)
+        except (OSError, Unavailable) as e:
+            conn.close()
+            raise Unavailable(f"channel of {container_id}: {e}") from None
+        return ControlChannel(conn)
+
+    def close(self) -> None:
+        """Stop listening and unlink the socket; the (empty) directory stays mounted."""
+        self._sock.close()
+        with contextlib.suppress(OSError):
+            (self.directory / SOCKET_NAME).unlink()
+
+    def discard(self) -> None:
+        """``close``, and remove the directory too (the container was never made)."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _check_peer(pid: int, container_id: str) -> None:
     if pid <= 0:
-        raise Unavailable("peer has no pid here")
+        raise Unavailable("the peer has no pid here")
     exe = os.readlink(f"/proc/{pid}/exe")
     cgroups = Path(f"/proc/{pid}/cgroup").read_text()
     if exe != SUPERVISOR_EXE or container_id not in cgroups:
         raise Unavailable(f"peer {pid} ({exe}) is not this sandbox's supervisor")
 
 
+class ControlChannel:
+    """The connection a sandbox's supervisor opened at start-up; thread-safe."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._dead = False
+
+    def open(self) -> socket.socket:
+        """A connected socket to a new handler. Raises ``Unavailable`` (then, and for good,
+        the caller uses ``docker exec``)."""
+        with self._lock:
+            if self._dead:
+                raise Unavailable("the channel failed before")
+            try:
+                self._conn.settimeout(OPEN_TIMEOUT_S)
+                self._conn.sendall(b"N")
+                _, fds, _, _ = socket.recv_fds(self._conn, 1, 1)
+            except OSError as e:
+                self._fail()
+                raise Unavailable(f"no handler from the supervisor: {e}") from None
+            if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                self._fail()
+                raise Unavailable("the supervisor could not start a handler")
+        return socket.socket(fileno=fds[0])
+
+    def _fail(self) -> None:
+        self._dead = True
+        self._conn.close()  # a handler passed late is closed with it: nothing runs
+
+    def close(self) -> None:
+        """Drop the connection (the supervisor then just idles)."""
+        with self._lock:
+            self._fail()
+
+
 def frames(
-    sock: socket.socket, record: bytes, *, read_timeout_s: float, what: str
+    sock: socket.socket, record: bytes, *, read_timeout_s: float, max_bytes: int, what: str
 ) -> Iterator[Frame]:
     """Send ``record`` (sent before this returns: errors raise here) and return an iterator
-    of the reply's frames up to the final ``R`` or ``X``. ``read_timeout_s``: the longest
-    silence tolerated, in seconds. The socket is closed when the iterator ends.
+    of the reply's frames up to the final ``R`` or ``X``. ``read_timeout_s`` (seconds)
+    bounds the whole reply; ``max_bytes`` its size (what the request allows, with room for
+    framing). The socket is closed when the iterator ends.
 
-    Raises ``SandboxError`` (the connection broke, or ended without a result).
+    Raises ``SandboxError`` (the connection broke, ended without a result, or the reply
+    broke either bound).
     """
     try:
-        sock.settimeout(min(read_timeout_s, FIRST_FRAME_TIMEOUT_S))
+        sock.settimeout(read_timeout_s)
         sock.sendall(record)
     except OSError as e:
         sock.close()
         raise SandboxError(f"{what}: sending the request on the channel failed: {e}") from e
-    return _read(sock, what, read_timeout_s)
+    return _read(sock, what, time.monotonic() + read_timeout_s, max_bytes)
 
 
-def _read(sock: socket.socket, what: str, read_timeout_s: float) -> Iterator[Frame]:
+def _read(sock: socket.socket, what: str, deadline: float, max_bytes: int) -> Iterator[Frame]:
     decoder = FrameDecoder()
-    first = True
+    received = 0
     try:
-        while data := sock.recv(1 << 16):
-            if first:
-                first = False
-                sock.settimeout(read_timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            data = sock.recv(1 << 16)
+            if not data:
+                raise SandboxError(f"{what}: the channel closed without a result")
+            received += len(data)
+            if received > max_bytes:
+                raise SandboxError(f"{what}: the reply exceeds {max_bytes} bytes")
             for frame in decoder.feed(data):
                 yield frame
                 if frame.kind in (FRAME_RESULT, FRAME_ERROR):
                     return
-        raise SandboxError(f"{what}: the channel closed without a result")
     except TimeoutError as e:
-        state = "the supervisor did not answer" if first else "no output within the timeout"
-        raise SandboxError(f"{what}: {state} on the channel") from e
+        raise SandboxError(f"{what}: no result on the channel within the timeout") from e
     except OSError as e:
         raise SandboxError(f"{what}: the channel failed: {e}") from e
     finally:

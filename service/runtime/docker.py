@@ -267,7 +267,7 @@ class _ContainerMeta:
     user: str
     tmpfs: tuple[str, ...]
     graph: dict[str, Any] | None = None  # the engine's GraphDriver (fixed for a container's life)
-    channel: str | None = None  # host side of the exec channel's mount, when it has one
+    channel_dir: str | None = None  # the host directory mounted for its exec channel
 
     def on_tmpfs(self, path: str) -> bool:
         """True when ``path`` lies on one of the tmpfs mounts."""
@@ -347,9 +347,10 @@ class DockerRuntime:
     ``api_timeout_s``: socket timeout of ordinary engine calls, in seconds.
     ``read_host_layers``: read overlay2 layers directly when this host can (``overlay``);
     False always asks the engine's API (as a control plane on another host must).
-    ``channel_dir``: where sandboxes' exec channels live on this host (``channel``): each
-    sandbox made here gets ``<channel_dir>/<sandbox_id>`` bind-mounted, and requests go
-    over its socket instead of ``docker exec`` (which stays the fallback). None: no channel
+    ``channel_dir``: where sandboxes' exec channels are set up on this host (``channel``):
+    each sandbox made here gets ``<channel_dir>/<sandbox_id>`` bind-mounted read-only while
+    its supervisor connects (milliseconds), then requests go over that connection instead
+    of ``docker exec`` (which stays the fallback). None: no channel
     (the engine must be on this host for one to work).
     """
 
@@ -380,6 +381,7 @@ class DockerRuntime:
         self._read_host_layers = read_host_layers
         self._channel_dir = Path(channel_dir).resolve() if channel_dir is not None else None
         self._frozen: set[str] = set()  # containers this runtime froze (no channel to them)
+        self._channels: dict[str, channel.ControlChannel] = {}  # by container id
         self._source_hash = supervisor_source_hash()
         self._ready = False
         self._ready_lock = threading.Lock()
@@ -526,49 +528,72 @@ class DockerRuntime:
         """
         self.ensure_ready()
         kwargs = self._create_kwargs(spec)
-        channel_dir = self._make_channel_dir(spec.sandbox_id)
-        if channel_dir is not None:
-            kwargs["entrypoint"] += ["--listen", channel.socket_path_in_sandbox()]
+        listener = self._listener(spec.sandbox_id)
+        if listener is not None:
+            kwargs["entrypoint"] += ["--connect", channel.socket_path_in_sandbox()]
             kwargs["mounts"].append(
-                Mount(target=channel.CHANNEL_MOUNT, source=str(channel_dir), type="bind")
+                Mount(
+                    target=channel.CHANNEL_MOUNT,
+                    source=str(listener.directory),
+                    type="bind",
+                    read_only=True,
+                )
             )
         try:
-            container = self._client.containers.create(spec.image, **kwargs)
-        except Exception as e:
-            if channel_dir is not None:
-                shutil.rmtree(channel_dir, ignore_errors=True)
-            raise _map_error(e, f"creating sandbox {spec.sandbox_id} from {spec.image}") from e
-        meta = _ContainerMeta(
-            user=spec.user,
-            tmpfs=tuple(spec.tmpfs),
-            graph=container.attrs.get("GraphDriver"),
-            channel=str(channel_dir) if channel_dir is not None else None,
-        )
-        self._remember(container.id, meta)
-        try:
-            container.start()
-            if spec.user not in _ROOT_USERS:
-                self._own_workdir(container.id, spec)
-        except Exception as e:
-            self.destroy(container.id)
-            if isinstance(e, CrucibleError):
-                raise
-            raise _map_error(e, f"starting sandbox {spec.sandbox_id}") from e
+            try:
+                container = self._client.containers.create(spec.image, **kwargs)
+            except Exception as e:
+                if listener is not None:
+                    listener.discard()
+                raise _map_error(e, f"creating sandbox {spec.sandbox_id} from {spec.image}") from e
+            meta = _ContainerMeta(
+                user=spec.user,
+                tmpfs=tuple(spec.tmpfs),
+                graph=container.attrs.get("GraphDriver"),
+                channel_dir=str(listener.directory) if listener is not None else None,
+            )
+            self._remember(container.id, meta)
+            try:
+                container.start()
+                if listener is not None:
+                    self._connect_channel(listener, container.id)
+                if spec.user not in _ROOT_USERS:
+                    self._own_workdir(container.id, spec)
+            except Exception as e:
+                self.destroy(container.id)
+                if isinstance(e, CrucibleError):
+                    raise
+                raise _map_error(e, f"starting sandbox {spec.sandbox_id}") from e
+        finally:
+            if listener is not None:
+                listener.close()
         return container.id
 
-    def _make_channel_dir(self, sandbox_id: str) -> Path | None:
-        """A fresh, root-only directory for the sandbox's exec channel (None: no channel)."""
+    def _remove_channel_dir(self, path: str) -> None:
+        """Remove a sandbox's channel directory, only ever one under ``channel_dir``."""
+        assert self._channel_dir is not None
+        target = Path(path)
+        if target.parent == self._channel_dir:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def _listener(self, sandbox_id: str) -> channel.Listener | None:
+        """The host side of a new sandbox's channel (None: no channel, ``docker exec``)."""
         if self._channel_dir is None:
             return None
-        path = self._channel_dir / sandbox_id
         try:
-            self._channel_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(mode=0o700)
+            return channel.Listener(self._channel_dir, sandbox_id)
         except OSError as e:
             log.warning("no exec channel for %s: %s", sandbox_id, e)
             return None
-        return path
+
+    def _connect_channel(self, listener: channel.Listener, container_id: str) -> None:
+        try:
+            control = listener.accept(container_id)
+        except channel.Unavailable as e:
+            log.warning("no exec channel: %s", e)
+            return
+        with self._meta_lock:
+            self._channels[container_id] = control
 
     def _create_kwargs(self, spec: SandboxSpec) -> dict[str, Any]:
         labels = {
@@ -621,14 +646,17 @@ class DockerRuntime:
                 raise_for_error(frame)
 
     def destroy(self, container_id: str) -> None:
-        """Kill and remove the container and its anonymous volumes (missing is fine), and
-        its exec channel's directory."""
+        """Kill and remove the container and its anonymous volumes (missing is fine); close
+        its exec channel."""
         meta = self._container_meta(container_id) if self._channel_dir is not None else None
         with self._meta_lock:
             self._meta.pop(container_id, None)
+            control = self._channels.pop(container_id, None)
         self._frozen.discard(container_id)
-        if meta is not None and meta.channel:
-            shutil.rmtree(meta.channel, ignore_errors=True)
+        if control is not None:
+            control.close()
+        if meta is not None and meta.channel_dir:
+            self._remove_channel_dir(meta.channel_dir)
         try:
             self._api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
@@ -710,6 +738,7 @@ class DockerRuntime:
             record,
             user=request.user or self._container_meta(container_id).user,
             read_timeout_s=read_timeout_s,
+            max_reply_bytes=2 * request.max_output_bytes + (1 << 20),
         )
         return self._exec_items(container_id, request, frames)
 
@@ -758,7 +787,7 @@ class DockerRuntime:
             (
                 m.get("Source")
                 for m in info.get("Mounts") or []
-                if m.get("Destination") == channel.CHANNEL_MOUNT and m.get("Type") == "bind"
+                if m.get("Destination") == channel.CHANNEL_MOUNT
             ),
             None,
         )
@@ -766,7 +795,7 @@ class DockerRuntime:
             user=labels.get(LABEL_USER, ""),
             tmpfs=tmpfs,
             graph=info.get("GraphDriver"),
-            channel=channel_dir,
+            channel_dir=channel_dir,
         )
         self._remember(container_id, meta)
         return meta
@@ -807,24 +836,39 @@ class DockerRuntime:
         return resolved
 
     def _supervise(
-        self, container_id: str, record: bytes, *, user: str | None, read_timeout_s: float
+        self,
+        container_id: str,
+        record: bytes,
+        *,
+        user: str | None,
+        read_timeout_s: float,
+        max_reply_bytes: int = 1 << 20,
     ) -> Iterator[Frame]:
         """Start the supervisor on ``record`` now (errors raise here); return an iterator
         of its frames up to the final R or X frame. ``read_timeout_s``: the longest silence
-        tolerated on the connection, in seconds.
+        tolerated on a ``docker exec`` connection, the whole reply's bound on the channel,
+        in seconds; ``max_reply_bytes`` bounds a channel reply's size.
         """
         what = f"exec in container {container_id}"
-        meta = self._container_meta(container_id)
         if container_id in self._frozen:  # what the engine answers a docker exec, at once
             raise Conflict(f"{what}: the sandbox is frozen (its episode is being verified)")
-        if self._channel_dir is not None and meta.channel:
+        with self._meta_lock:
+            control = self._channels.get(container_id)
+        if control is not None:
             try:
-                sock = channel.connect(Path(meta.channel), container_id)
+                sock = control.open()
             except channel.Unavailable as e:
-                log.debug("%s: docker exec instead: %s", what, e)
+                log.warning("%s: docker exec from now on: %s", what, e)
+                with self._meta_lock:
+                    self._channels.pop(container_id, None)
             else:
-                full = with_identity(record, user or "")
-                return channel.frames(sock, full, read_timeout_s=read_timeout_s, what=what)
+                return channel.frames(
+                    sock,
+                    with_identity(record, user or ""),
+                    read_timeout_s=read_timeout_s,
+                    max_bytes=max_reply_bytes,
+                    what=what,
+                )
         args, stdin = supervisor_args(record)
         try:
             exec_id = self._api.exec_create(

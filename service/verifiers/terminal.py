@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
 from service.runtime.base import ExecRequest, SandboxRuntime
@@ -144,6 +144,20 @@ def parse_reward(
 
 
 REPORT_FILES = ("reward.txt", "reward.json", "junit.xml")
+
+
+def _unscored(
+    status: Literal["error", "timeout"], reason: str, t0: float, **details: Any
+) -> VerifierResult:
+    """The verifier could not produce a verdict: no reward, excluded from loss."""
+    return VerifierResult(
+        name=NAME,
+        version=VERSION,
+        status=status,
+        reward=None,
+        details={"reason": reason, **details},
+        duration_ms=(time.perf_counter() - t0) * 1e3,
+    )
 
 
 def _gated(gate: str, t0: float, **details: Any) -> VerifierResult:
@@ -291,37 +305,18 @@ def verify(
             gate = f"the workdir {check.workdir} is not a directory in the end state"
             return _gated(gate, t0, tampered=list(plan.tampered))
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
+        context = {"log_tail": log_tail, "tampered": list(plan.tampered)}
         if res.timed_out:
-            return VerifierResult(
-                name=NAME,
-                version=VERSION,
-                status="timeout",
-                reward=None,
-                duration_ms=(time.perf_counter() - t0) * 1e3,
-                details={
-                    "reason": f"tests exceeded {check.timeout_s} s",
-                    "log_tail": log_tail,
-                    "tampered": list(plan.tampered),
-                },
-            )
+            return _unscored("timeout", f"tests exceeded {check.timeout_s} s", t0, **context)
         if res.signal or res.exit_code in KILLED_EXIT_CODES:
             # Something killed the test command (or the run it reports): whatever report it
             # left is not the tests' verdict (code the tests ran can write one, then kill).
-            return VerifierResult(
-                name=NAME,
-                version=VERSION,
-                status="error",
-                reward=None,
-                duration_ms=(time.perf_counter() - t0) * 1e3,
-                details={
-                    "reason": f"the test command was killed (signal {res.signal}, "
-                    f"exit code {res.exit_code})"
-                    + (" (out of memory)" if res.oom_killed else "")
-                    + "; its report is not trusted",
-                    "log_tail": log_tail,
-                    "tampered": list(plan.tampered),
-                },
+            oom = " (out of memory)" if res.oom_killed else ""
+            reason = (
+                f"the test command was killed (signal {res.signal}, exit code "
+                f"{res.exit_code}){oom}; its report is not trusted"
             )
+            return _unscored("error", reason, t0, **context)
         files = _read_logs(runtime, vcid)
         result = score(
             check,
@@ -347,14 +342,7 @@ def verify(
             duration_ms=(time.perf_counter() - t0) * 1e3,
         )
     except CrucibleError as e:
-        return VerifierResult(
-            name=NAME,
-            version=VERSION,
-            status="error",
-            reward=None,
-            duration_ms=(time.perf_counter() - t0) * 1e3,
-            details={"reason": f"verifier infrastructure failed: {e.detail}"},
-        )
+        return _unscored("error", f"verifier infrastructure failed: {e.detail}", t0)
     finally:
         for cid in created:
             (dispose or runtime.destroy)(cid)

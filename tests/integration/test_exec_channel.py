@@ -7,12 +7,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from service.runtime.base import ExecRequest, ExecResult
 from service.runtime.docker import DockerRuntime
-from service.runtime.protocol import encode_exec, with_identity
 
 pytestmark = pytest.mark.docker
 
@@ -42,41 +42,62 @@ def test_channel_is_used_and_beats_docker_exec(
     assert p50(docker_runtime) * 3 < p50(plain)
 
 
-def test_the_channel_refuses_peers_inside_the_sandbox(
+def test_nothing_in_the_sandbox_can_reach_or_replace_the_channel(
     docker_runtime: DockerRuntime, make_sandbox: Callable[..., str]
 ) -> None:
-    sandbox = make_sandbox()
-    record = with_identity(encode_exec(ExecRequest(cmd="touch /tmp/served")), "0")
+    # A new-user trial replaced a listening socket with its own server (and forked it past
+    # the peer check); now nothing listens anywhere, and the mount is read-only.
+    box = make_sandbox()
+    assert box in docker_runtime._channels
+    host_side = Path(docker_runtime._container_meta(box).channel_dir)
+    assert host_side.parent == docker_runtime._channel_dir
+    assert list(host_side.iterdir()) == []  # the socket is gone; nothing listens
     probe = "\n".join(
         [
-            "import socket, sys",
+            "import socket",
             "s = socket.socket(socket.AF_UNIX)",
-            "s.connect('/opt/crucible-ctl/ctl.sock')",
             "try:",
-            "    s.sendall(sys.stdin.buffer.read())",
-            "    print(len(s.recv(100)))",
-            "except (BrokenPipeError, ConnectionResetError):",
-            "    print(0)",
+            "    s.connect('/opt/crucible-ctl/ctl.sock')",
+            "    print('connected')",
+            "except OSError as e:",
+            "    print(type(e).__name__)",
         ]
     )
-    out = run(docker_runtime, sandbox, ["python3", "-c", probe], user="0", stdin=record)
-    assert (out.exit_code, out.stdout) == (0, b"0\n"), out.stderr  # closed, nothing served
-    assert run(docker_runtime, sandbox, "test -e /tmp/served").exit_code == 1
+    out = run(docker_runtime, box, ["python3", "-c", probe], user="0")
+    assert out.stdout == b"FileNotFoundError\n", out
+    for cmd in (
+        "touch /opt/crucible-ctl/x",
+        "mkdir /opt/crucible-ctl/d",
+        "ln -s / /opt/crucible-ctl/l",
+    ):
+        written = run(docker_runtime, box, cmd, user="0")
+        assert written.exit_code != 0 and b"Read-only" in written.stderr, (cmd, written)
+    assert list(host_side.iterdir()) == []
+    assert run(docker_runtime, box, ["true"]).exit_code == 0
+    docker_runtime.destroy(box)
+    assert not host_side.exists()
 
 
-def test_a_planted_socket_is_never_spoken_to(
+_IDLE_PID = (
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null "
+    "| grep -q '^/opt/crucible/crucible-exec --idle' && grep -q '^PPid:.1$' $p/status "
+    "&& echo ${p#/proc/}; done"
+)
+
+
+def test_a_stopped_supervisor_means_docker_exec_and_no_late_run(
     docker_runtime: DockerRuntime, make_sandbox: Callable[..., str]
 ) -> None:
+    # A new-user trial SIGSTOPped the supervisor: an exec waited 15 s, failed, and then ran
+    # when the supervisor resumed. Now the request is only sent once a handler exists.
     box = make_sandbox()
-    # The agent (root in its sandbox) replaces the supervisor's socket with its own server,
-    # which would record whatever the control plane sends.
-    server = (
-        "import os, socket; p = '/opt/crucible-ctl/ctl.sock'; os.unlink(p); "
-        "s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(5); "
-        "c, _ = s.accept(); open('/tmp/heard', 'wb').write(c.recv(1 << 16))"
-    )
-    run(docker_runtime, box, f'nohup python3 -c "{server}" >/dev/null 2>&1 &', user="0")
+    pid = run(docker_runtime, box, _IDLE_PID, user="0").stdout.strip().decode()
+    assert pid.isdigit(), pid
+    assert run(docker_runtime, box, f"kill -STOP {pid}", user="0").exit_code == 0
+    t0 = time.perf_counter()
+    assert run(docker_runtime, box, "echo x >> /tmp/count").exit_code == 0  # docker exec
+    assert time.perf_counter() - t0 < 10
+    assert box not in docker_runtime._channels  # dropped for good
+    assert run(docker_runtime, box, f"kill -CONT {pid}", user="0").exit_code == 0
     time.sleep(0.5)
-    # The peer check refuses the impostor before anything is sent; docker exec serves.
-    assert run(docker_runtime, box, "echo via-fallback").stdout == b"via-fallback\n"
-    assert run(docker_runtime, box, "cat /tmp/heard 2>/dev/null | wc -c").stdout == b"0\n"
+    assert run(docker_runtime, box, "wc -l < /tmp/count").stdout == b"1\n"

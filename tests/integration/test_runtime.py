@@ -482,5 +482,4 @@ def test_create_from_missing_image_is_not_found(
 
 
 def test_transport_is_the_one_asked_for(docker_runtime: DockerRuntime, sandbox: str) -> None:
-    meta = docker_runtime._container_meta(sandbox)
-    assert bool(meta.channel) == (docker_runtime._channel_dir is not None)
+    assert (sandbox in docker_runtime._channels) == (docker_runtime._channel_dir is not None)

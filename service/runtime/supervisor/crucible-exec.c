@@ -3,18 +3,20 @@
  *
  * Statically linked, no dependency on anything in the image (no shell, no libc of the image,
  * no NSS). It lives on a read-only volume at /opt/crucible. A request reaches it in one of
- * two ways: `docker exec` starts it once per command (--request*), or the control plane
- * connects to the channel socket its idle instance listens on (--idle --listen): the idle
- * process forks one handler per connection, which takes the requested identity and serves
- * the request exactly as a `docker exec` would, without the engine's per-exec cost.
+ * two ways: `docker exec` starts it once per command (--request*), or over the channel its
+ * idle instance opens at start-up (--idle --connect): for each request the idle process
+ * forks a handler on a fresh socketpair and passes the other end to the control plane; the
+ * handler takes the requested identity and serves the request exactly as a `docker exec`
+ * would, without the engine's per-exec cost.
  *
  * Modes (argv[1]):
- *   --idle [--listen PATH]  sleep forever (the container's main process under docker-init);
- *                           exits 0 on SIGTERM/SIGINT/SIGHUP. With --listen, also accept
- *                           requests on a unix socket at PATH: one record per connection,
- *                           frames back on it. Only peers outside the container's pid
- *                           namespace are served (SO_PEERCRED pid 0: the control plane on
- *                           the host); anything inside the sandbox is refused.
+ *   --idle [--connect PATH] sleep forever (the container's main process under docker-init);
+ *                           exits 0 on SIGTERM/SIGINT/SIGHUP. With --connect, first connect
+ *                           once to the control plane's unix socket at PATH (a read-only
+ *                           bind mount) and serve it: each byte 'N' is answered with one
+ *                           byte and, by SCM_RIGHTS, a socket to a new handler, which reads
+ *                           one request record and writes the frames back. No socket ever
+ *                           listens in the sandbox.
  *   --version               print "crucible-exec <version>" and exit 0
  *   --request <base64>      run one request given as base64 of the request record
  *   --request-stdin         read one request record from stdin (for large requests)
@@ -1085,44 +1087,77 @@ static void serve_connection(int conn) {
     _exit(dispatch(&rq, &s) & 0xff);
 }
 
-/* Accept requests on a unix socket at `path` (see --listen). Never returns on success. */
-static int listen_on(const char *path) {
+/* Send one byte and a file descriptor over a unix socket (SCM_RIGHTS). */
+static int send_fd(int sock, int fd) {
+    char byte = 'F';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    ssize_t n;
+    while ((n = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
+    return n == 1 ? 0 : -1;
+}
+
+/* Connect to the control plane's socket at `path` (a read-only bind mount of a host
+ * directory), once, at start-up: before anything of the agent's can run here. Returns the
+ * connection, or -1 (then there is no channel; `docker exec` still works). */
+static int connect_control(const char *path) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path) return -1;
     strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    unlink(path);
-    mode_t old = umask(0177);
-    int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
-    umask(old);
-    if (rc < 0 || listen(fd, 128) < 0) {
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) return fd;
         close(fd);
-        return -1;
+        sleep_ms(20);
     }
+    return -1;
+}
+
+/* Serve the control connection: for each 'N' byte, fork a handler on a fresh socketpair and
+ * pass the other end back (SCM_RIGHTS). Nothing else can reach a handler: there is no
+ * listening socket anywhere. Returns when the control plane goes away. */
+static void serve_control(int control) {
+    /* Not dumpable: the agent's processes (same uid, no CAP_SYS_PTRACE) cannot ptrace this
+     * process, read its memory or take its descriptors (pidfd_getfd). */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     for (;;) {
-        int conn = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
-        if (conn < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE ||
-                errno == ENOBUFS || errno == ENOMEM)
-                continue;
-            sleep_ms(10);
-            continue;
-        }
-        struct ucred cred;
-        socklen_t cl = sizeof cred;
-        /* pid 0: the peer is not in this pid namespace (the host); else it is the sandbox */
-        if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.pid != 0) {
-            close(conn);
-            continue;
-        }
+        char byte;
+        ssize_t n = read(control, &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (byte != 'N') break;
+        int pair[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) break;
         pid_t pid = fork();
         if (pid == 0) {
-            close(fd);
-            serve_connection(conn);
+            close(control);
+            close(pair[0]);
+            serve_connection(pair[1]);
         }
-        close(conn); /* fork failed: the peer sees EOF without a result and falls back */
+        close(pair[1]);
+        int sent = pid > 0 ? send_fd(control, pair[0]) : -1;
+        close(pair[0]);
+        if (pid < 0) {
+            char no = 'E';
+            (void)!write(control, &no, 1); /* no handler: the control plane uses docker exec */
+        } else if (sent < 0) {
+            break;
+        }
     }
+    close(control);
 }
 
 /* ============================================================================ modes */
@@ -1140,8 +1175,9 @@ static void on_idle_sigchld(int sig) {
     errno = e;
 }
 
-/* Sleep forever (or serve the channel at `listen`). Also reaps orphans and handlers. */
-static int run_idle(const char *listen) {
+/* Sleep forever (serving the channel first, with `control`). Also reaps orphans and
+ * handlers. */
+static int run_idle(const char *control) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_idle_sigchld;
@@ -1152,7 +1188,10 @@ static int run_idle(const char *listen) {
     signal(SIGHUP, on_term);
     signal(SIGPIPE, SIG_IGN);
     sigaction(SIGCHLD, &sa, NULL);
-    if (listen) listen_on(listen); /* returns only when the socket cannot be made */
+    if (control) {
+        int fd = connect_control(control);
+        if (fd >= 0) serve_control(fd); /* returns when the control plane goes away */
+    }
     for (;;) pause();
     return 0;
 }
@@ -1179,7 +1218,7 @@ static void setup_signals(void) {
 
 static int usage(void) {
     static const char msg[] =
-        "usage: crucible-exec --idle [--listen PATH] | --version | --request <base64> | "
+        "usage: crucible-exec --idle [--connect PATH] | --version | --request <base64> | "
         "--request-stdin\n";
     (void)!write(2, msg, sizeof msg - 1);
     return 2;
@@ -1188,7 +1227,7 @@ static int usage(void) {
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     if (strcmp(argv[1], "--idle") == 0) {
-        if (argc == 4 && strcmp(argv[2], "--listen") == 0) return run_idle(argv[3]);
+        if (argc == 4 && strcmp(argv[2], "--connect") == 0) return run_idle(argv[3]);
         return argc == 2 ? run_idle(NULL) : usage();
     }
     if (strcmp(argv[1], "--version") == 0) {
