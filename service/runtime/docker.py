@@ -545,6 +545,12 @@ class DockerRuntime:
             except Exception as e:
                 if listener is not None:
                     listener.discard()
+                    if "bind source path does not exist" in str(e):
+                        # The engine does not see this host's files (a control plane in a
+                        # container of its own): no channels for this runtime.
+                        log.warning("no exec channels: the engine cannot see %s", self._channel_dir)
+                        self._channel_dir = None
+                        return self.create(spec)
                 raise _map_error(e, f"creating sandbox {spec.sandbox_id} from {spec.image}") from e
             meta = _ContainerMeta(
                 user=spec.user,

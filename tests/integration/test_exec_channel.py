@@ -101,3 +101,39 @@ def test_a_stopped_supervisor_means_docker_exec_and_no_late_run(
     assert run(docker_runtime, box, f"kill -CONT {pid}", user="0").exit_code == 0
     time.sleep(0.5)
     assert run(docker_runtime, box, "wc -l < /tmp/count").stdout == b"1\n"
+
+
+def test_an_engine_that_cannot_see_the_directory_means_no_channel(
+    docker_runtime: DockerRuntime,
+    runtime_deployment: str,
+    sandbox_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A control plane in a container of its own (the engine's socket mounted in) makes its
+    # directories where the engine cannot see them: sandboxes must still start.
+    from service.runtime import channel
+    from service.runtime.base import SandboxSpec
+
+    class Elsewhere(channel.Listener):
+        def __init__(self, root: Path, sandbox_id: str) -> None:
+            super().__init__(root, sandbox_id)
+            self.directory = tmp_path / "not-on-the-engine-host" / sandbox_id
+
+    monkeypatch.setattr(channel, "Listener", Elsewhere)
+    runtime = DockerRuntime(client=docker_runtime._client, channel_dir=tmp_path / "channels")
+    spec = SandboxSpec(
+        sandbox_id="sb-elsewhere",
+        template="test",
+        deployment=runtime_deployment,
+        image=sandbox_image,
+        cpus=1.0,
+        memory_bytes=256 << 20,
+        pids_limit=64,
+    )
+    box = runtime.create(spec)
+    try:
+        assert runtime._channel_dir is None and box not in runtime._channels
+        assert run(runtime, box, "echo ok").stdout == b"ok\n"
+    finally:
+        runtime.destroy(box)
