@@ -470,11 +470,14 @@ class PoolManager:
                 .all()
             )
             known = {r.id: r for r in rows}
+        live = set(containers)
         for sid, c in containers.items():
             row = known.get(sid)
             if row is None or row.state == "starting" or c.status not in ("running", "paused"):
                 self.runtime.destroy(c.container_id)
                 counts["destroyed"] += 1
+                live.discard(sid)
+        self.runtime.prune_host_state(deployment=self.deployment, live_sandbox_ids=live)
         for sid, row in known.items():
             c = containers.get(sid)
             if row.state == "starting" or c is None or c.status not in ("running", "paused"):

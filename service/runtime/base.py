@@ -230,6 +230,11 @@ class SandboxRuntime(Protocol):
         the regular files add up to more than ``max_bytes``."""
         ...
 
+    def prune_host_state(self, *, deployment: str, live_sandbox_ids: set[str]) -> int:
+        """Remove what this host keeps for this deployment's sandboxes that no longer exist
+        (exec channel directories); return how many."""
+        ...
+
     def diff(self, container_id: str) -> list[FsChange]:
         """What changed in the container's filesystem since its image (engine-side, so
         nothing inside the sandbox can hide a change)."""

@@ -528,7 +528,7 @@ class DockerRuntime:
         """
         self.ensure_ready()
         kwargs = self._create_kwargs(spec)
-        listener = self._listener(spec.sandbox_id)
+        listener = self._listener(spec.deployment, spec.sandbox_id)
         if listener is not None:
             kwargs["entrypoint"] += ["--connect", channel.socket_path_in_sandbox()]
             kwargs["mounts"].append(
@@ -579,15 +579,29 @@ class DockerRuntime:
         """Remove a sandbox's channel directory, only ever one under ``channel_dir``."""
         assert self._channel_dir is not None
         target = Path(path)
-        if target.parent == self._channel_dir:
+        if target.parent.parent == self._channel_dir:
             shutil.rmtree(target, ignore_errors=True)
 
-    def _listener(self, sandbox_id: str) -> channel.Listener | None:
+    def prune_host_state(self, *, deployment: str, live_sandbox_ids: set[str]) -> int:
+        """Remove this deployment's exec channel directories whose sandbox is not in
+        ``live_sandbox_ids`` (its container went while no control plane ran, or a start
+        was cut short); return how many."""
+        if self._channel_dir is None:
+            return 0
+        removed = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._channel_dir / deployment):
+                if entry.name not in live_sandbox_ids and entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    removed += 1
+        return removed
+
+    def _listener(self, deployment: str, sandbox_id: str) -> channel.Listener | None:
         """The host side of a new sandbox's channel (None: no channel, ``docker exec``)."""
         if self._channel_dir is None:
             return None
         try:
-            return channel.Listener(self._channel_dir, sandbox_id)
+            return channel.Listener(self._channel_dir / deployment, sandbox_id)
         except OSError as e:
             log.warning("no exec channel for %s: %s", sandbox_id, e)
             return None
@@ -862,19 +876,20 @@ class DockerRuntime:
             control = self._channels.get(container_id)
         if control is not None:
             try:
-                sock = control.open()
+                frames = self._over_channel(
+                    control,
+                    with_identity(record, user or ""),
+                    read_timeout_s=read_timeout_s,
+                    max_reply_bytes=max_reply_bytes,
+                    what=what,
+                )
             except channel.Unavailable as e:
                 log.warning("%s: docker exec from now on: %s", what, e)
                 with self._meta_lock:
                     self._channels.pop(container_id, None)
+                control.close()
             else:
-                return channel.frames(
-                    sock,
-                    with_identity(record, user or ""),
-                    read_timeout_s=read_timeout_s,
-                    max_bytes=max_reply_bytes,
-                    what=what,
-                )
+                return frames
         args, stdin = supervisor_args(record)
         try:
             exec_id = self._api.exec_create(
@@ -896,6 +911,37 @@ class DockerRuntime:
             conn.close()
             raise SandboxError(f"{what}: sending the request to the supervisor failed: {e}") from e
         return self._frames(conn, exec_id, what)
+
+    @staticmethod
+    def _over_channel(
+        control: channel.ControlChannel,
+        record: bytes,
+        *,
+        read_timeout_s: float,
+        max_reply_bytes: int,
+        what: str,
+    ) -> Iterator[Frame]:
+        """The request on the channel; its first frame is read here. ``Unavailable`` when
+        the handler could not start anything (no handler, or an ``internal``/``spawn`` error
+        before any process: the agent can lower the idle supervisor's limits, which its
+        handlers inherit), so ``docker exec``, with the container's own limits, serves it."""
+        sock = control.open()
+        frames = channel.frames(
+            sock, record, read_timeout_s=read_timeout_s, max_bytes=max_reply_bytes, what=what
+        )
+        first = next(frames)
+        if first.kind == FRAME_ERROR:
+            kind = first.payload.split(b"\n", 1)[0]
+            if kind in (b"internal", b"spawn"):
+                frames.close()
+                message = first.payload.decode("utf-8", "replace").replace("\n", ": ")
+                raise channel.Unavailable(f"the handler could not start: {message}")
+
+        def rest() -> Iterator[Frame]:
+            yield first
+            yield from frames
+
+        return rest()
 
     def _frames(self, conn: _ExecConnection, exec_id: str, what: str) -> Iterator[Frame]:
         try:

@@ -50,7 +50,7 @@ def test_nothing_in_the_sandbox_can_reach_or_replace_the_channel(
     box = make_sandbox()
     assert box in docker_runtime._channels
     host_side = Path(docker_runtime._container_meta(box).channel_dir)
-    assert host_side.parent == docker_runtime._channel_dir
+    assert host_side.parent.parent == docker_runtime._channel_dir
     assert list(host_side.iterdir()) == []  # the socket is gone; nothing listens
     probe = "\n".join(
         [
@@ -137,3 +137,31 @@ def test_an_engine_that_cannot_see_the_directory_means_no_channel(
         assert run(runtime, box, "echo ok").stdout == b"ok\n"
     finally:
         runtime.destroy(box)
+
+
+def test_limits_the_agent_forces_on_the_supervisor_mean_docker_exec(
+    docker_runtime: DockerRuntime, make_sandbox: Callable[..., str]
+) -> None:
+    # Found by a new-user trial: root in the sandbox may prlimit the supervisor (same uid);
+    # its handlers inherit the limit and could not even make a pipe, with no way back.
+    box = make_sandbox()
+    pid = run(docker_runtime, box, _IDLE_PID, user="0").stdout.strip().decode()
+    squeeze = f"import resource; resource.prlimit({pid}, resource.RLIMIT_NOFILE, (8, 8))"
+    assert run(docker_runtime, box, ["python3", "-c", squeeze], user="0").exit_code == 0
+    assert run(docker_runtime, box, "echo hi; ulimit -n").stdout == b"hi\n1024\n"
+    assert box not in docker_runtime._channels  # served by docker exec from now on
+
+
+def test_channel_directories_of_vanished_sandboxes_are_pruned(
+    docker_runtime: DockerRuntime, make_sandbox: Callable[..., str], runtime_deployment: str
+) -> None:
+    box = make_sandbox()
+    mine = Path(docker_runtime._container_meta(box).channel_dir)
+    stale = mine.parent / "sb-vanished"
+    stale.mkdir()
+    live = {c.sandbox_id for c in docker_runtime.list(deployment=runtime_deployment)}
+    assert (
+        docker_runtime.prune_host_state(deployment=runtime_deployment, live_sandbox_ids=live) == 1
+    )
+    assert mine.exists() and not stale.exists()
+    assert run(docker_runtime, box, "echo still").stdout == b"still\n"
