@@ -62,6 +62,7 @@ def runtime_deployment(docker_runtime: Any) -> Iterator[str]:
     yield deployment
     for info in docker_runtime.list(deployment=deployment):
         docker_runtime.destroy(info.container_id)
+    docker_runtime.prune_snapshots(deployment=deployment)  # snapshots the tests made
 
 
 @pytest.fixture(scope="session")

@@ -135,6 +135,10 @@ def _cleanup(deployment: str) -> None:
         c.remove(force=True)
     for img in client.images.list(name=f"crucible-snapshots/{deployment}"):
         client.images.remove(img.id, force=True)
+    # Untagged snapshots (a group's prepared snapshot, untagged once forked) carry the label.
+    dangling = {"dangling": True, "label": f"crucible.deployment={deployment}"}
+    for img in client.images.list(filters=dangling):
+        client.images.remove(img.id, force=True)
     client.close()
 
 
