@@ -167,18 +167,10 @@ class PoolManager:
         ``state='warm'`` so two claimers never get the same sandbox.
         """
         for _ in range(5):
-            sid = s.execute(
-                select(Sandbox.id)
-                .where(
-                    Sandbox.deployment == self.deployment,
-                    Sandbox.template == template,
-                    Sandbox.state == "warm",
-                )
-                .order_by(Sandbox.created_at)
-                .limit(1)
-            ).scalar()
-            if sid is None:
+            row = self._oldest_warm(s, template)
+            if row is None:
                 return None
+            sid = row.id
             now = utcnow()
             got = s.execute(
                 update(Sandbox)
@@ -196,6 +188,19 @@ class PoolManager:
             if got == 1:
                 return s.get(Sandbox, sid, populate_existing=True)
         return None
+
+    def _oldest_warm(self, s, template: str):  # noqa: ANN001, ANN202 - a session; a Row
+        """(id, container_id) of the oldest warm sandbox of ``template``, or None."""
+        return s.execute(
+            select(Sandbox.id, Sandbox.container_id)
+            .where(
+                Sandbox.deployment == self.deployment,
+                Sandbox.template == template,
+                Sandbox.state == "warm",
+            )
+            .order_by(Sandbox.created_at)
+            .limit(1)
+        ).first()
 
     def take_warm(self, template: str, *, image_id: str, purpose: dict) -> str | None:
         """Take one warm sandbox of ``template`` out of the pool for internal use (a
@@ -215,16 +220,7 @@ class PoolManager:
             return None
         with self.db.session() as s:
             for _ in range(5):
-                row = s.execute(
-                    select(Sandbox.id, Sandbox.container_id)
-                    .where(
-                        Sandbox.deployment == self.deployment,
-                        Sandbox.template == template,
-                        Sandbox.state == "warm",
-                    )
-                    .order_by(Sandbox.created_at)
-                    .limit(1)
-                ).first()
+                row = self._oldest_warm(s, template)
                 if row is None:
                     break
                 got = s.execute(

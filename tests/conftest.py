@@ -4,7 +4,6 @@ labels every container with a per-session deployment and removes them all at the
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import docker
 import docker.errors
 import pytest
 
-from service.runtime.base import SandboxSpec
+from tests.runtimeutil import deployment_of, sandbox_factory
 
 RUNTIME_TEST_IMAGES = (
     "crucible/terminal:latest",
@@ -57,12 +56,8 @@ def sandbox_image() -> str:
 
 @pytest.fixture(scope="session")
 def runtime_deployment(docker_runtime: Any) -> Iterator[str]:
-    """A unique deployment label; every container carrying it is destroyed at the end."""
-    deployment = f"test-{secrets.token_hex(4)}"
-    yield deployment
-    for info in docker_runtime.list(deployment=deployment):
-        docker_runtime.destroy(info.container_id)
-    docker_runtime.prune_snapshots(deployment=deployment)  # snapshots the tests made
+    """The session's deployment label (see ``deployment_of``)."""
+    yield from deployment_of(docker_runtime)
 
 
 @pytest.fixture(scope="session")
@@ -70,18 +65,4 @@ def make_sandbox(
     docker_runtime: Any, runtime_deployment: str, sandbox_image: str
 ) -> Callable[..., str]:
     """``make_sandbox(**spec_overrides) -> container_id`` in the session's deployment."""
-
-    def make(**overrides: Any) -> str:
-        fields: dict[str, Any] = {
-            "sandbox_id": f"sb-{secrets.token_hex(4)}",
-            "template": "test",
-            "deployment": runtime_deployment,
-            "image": sandbox_image,
-            "cpus": 1.0,
-            "memory_bytes": 512 << 20,
-            "pids_limit": 256,
-        }
-        fields.update(overrides)
-        return docker_runtime.create(SandboxSpec(**fields))
-
-    return make
+    return sandbox_factory(docker_runtime, runtime_deployment, sandbox_image)

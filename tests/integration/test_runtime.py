@@ -17,8 +17,9 @@ import docker
 import pytest
 
 from service.errors import InvalidRequest, NotFound
-from service.runtime.base import ExecChunk, ExecRequest, ExecResult, SandboxSpec
+from service.runtime.base import ExecChunk, ExecRequest, ExecResult
 from service.runtime.docker import SUPERVISOR_MOUNT, DockerRuntime
+from tests.runtimeutil import deployment_of, sandbox_factory
 
 pytestmark = pytest.mark.docker
 
@@ -36,12 +37,8 @@ def docker_runtime(request: pytest.FixtureRequest, docker_runtime: DockerRuntime
 
 @pytest.fixture(scope="module")
 def runtime_deployment(docker_runtime: DockerRuntime) -> Iterator[str]:
-    """This module's deployment label; its containers are destroyed at the end."""
-    deployment = f"test-{secrets.token_hex(4)}"
-    yield deployment
-    for info in docker_runtime.list(deployment=deployment):
-        docker_runtime.destroy(info.container_id)
-    docker_runtime.prune_snapshots(deployment=deployment)  # snapshots the tests made
+    """This module's deployment label (per transport)."""
+    yield from deployment_of(docker_runtime)
 
 
 @pytest.fixture(scope="module")
@@ -49,21 +46,7 @@ def make_sandbox(
     docker_runtime: DockerRuntime, runtime_deployment: str, sandbox_image: str
 ) -> Callable[..., str]:
     """Sandboxes made by this module's runtime (with a channel, or without one)."""
-
-    def make(**overrides: object) -> str:
-        fields: dict[str, object] = {
-            "sandbox_id": f"sb-{secrets.token_hex(4)}",
-            "template": "test",
-            "deployment": runtime_deployment,
-            "image": sandbox_image,
-            "cpus": 1.0,
-            "memory_bytes": 512 << 20,
-            "pids_limit": 256,
-        }
-        fields.update(overrides)
-        return docker_runtime.create(SandboxSpec(**fields))  # type: ignore[arg-type]
-
-    return make
+    return sandbox_factory(docker_runtime, runtime_deployment, sandbox_image)
 
 
 @pytest.fixture(scope="module")
