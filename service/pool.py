@@ -315,6 +315,7 @@ class PoolManager:
             try:
                 template = self.templates.get(name)
             except NotFound:
+                log.debug("no template %s any more: its pool is not refilled", name)
                 continue
             if not self._image_present(template.image):
                 continue

@@ -1154,7 +1154,10 @@ class DockerRuntime:
         """
         found = self._layers(container_id)
         if found is not None:
-            return overlay.changes(*found)
+            try:
+                return overlay.changes(*found)
+            except OSError as e:
+                raise SandboxError(f"reading the layers of container {container_id}: {e}") from e
         try:
             rows = self._api.diff(container_id) or []
         except Exception as e:
@@ -1187,8 +1190,12 @@ class DockerRuntime:
         """
         found = self._layers(container_id)
         if found is not None:
-            with contextlib.suppress(overlay.UnreadablePath):
+            try:
                 return overlay.read_regular(*found, directory, names, max_bytes=max_bytes)
+            except overlay.UnreadablePath as e:
+                log.debug("%s of %s is the engine's to read: %s", directory, container_id, e)
+            except OSError as e:
+                raise SandboxError(f"reading {directory} of container {container_id}: {e}") from e
         out: dict[str, bytes | None] = dict.fromkeys(names)
         try:
             data = b"".join(self.get_archive(container_id, directory))
@@ -1240,8 +1247,8 @@ class DockerRuntime:
         if found is not None:
             try:
                 members = overlay.entries(found[0], paths)
-            except (overlay.UnreadablePath, OSError):
-                members = None
+            except (overlay.UnreadablePath, OSError) as e:
+                log.debug("changes of %s are the engine's to read: %s", container_id, e)
         if members is None:
             members = (
                 m for path in paths for m in self._engine_entries(container_id, path, max_bytes)

@@ -16,11 +16,13 @@ Safety: the upper directory belongs to a sandbox, so an agent controls its conte
 image's layers hold symlinks too (``/var/run -> /run``), which on this host point at the
 host's own files. Readers never follow a symlink in any layer (``lstat``, and ``O_NOFOLLOW``
 component by component), and the caller freezes the container first
-(``DockerRuntime.freeze``) so nothing changes while it is read.
+(``DockerRuntime.freeze``) so nothing changes while it is read. A path that is simply not
+there reads as absent; any other ``OSError`` propagates (the runtime reports it).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import os
@@ -41,8 +43,8 @@ def usable() -> bool:
     for name in ("redirect_dir", "metacopy"):
         try:
             value = (_PARAMS / name).read_text().strip().lower()
-        except OSError:
-            continue  # parameter absent: the kernel predates the feature
+        except FileNotFoundError:
+            value = "n"  # parameter absent: the kernel predates the feature
         if value not in ("n", "off", "0", ""):
             return False
     return True
@@ -63,11 +65,19 @@ def _is_whiteout(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
+# What a lookup in an image layer answers when the path is simply not there as asked: missing,
+# a file where a directory was expected, or a symlink refused by O_NOFOLLOW. Anything else
+# (EACCES, EIO) is a real failure and propagates.
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
 def _is_opaque(path: str) -> bool:
     try:
         return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
-    except OSError:
-        return False
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP):
+            return False  # no such attribute: an ordinary directory
+        raise
 
 
 def _open_dir(layer: str, rel: str) -> int | None:
@@ -75,16 +85,15 @@ def _open_dir(layer: str, rel: str) -> int | None:
     relative to its parent (a symlink in an image layer may point anywhere on this host:
     ``/var/run -> /run``), or None where the layer has no such directory."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    try:
-        fd = os.open(layer, flags)
-    except OSError:
-        return None
+    fd = os.open(layer, flags)  # the engine's own directory: a failure here is real
     for part in [p for p in rel.split("/") if p]:
         try:
             child = os.open(part, flags, dir_fd=fd)
-        except OSError:  # missing, a symlink (ELOOP) or not a directory
+        except OSError as e:
             os.close(fd)
-            return None
+            if e.errno in _ABSENT:
+                return None
+            raise
         os.close(fd)
         fd = child
     return fd
@@ -100,8 +109,9 @@ def _lower_stat(lowers: list[str], rel: str) -> os.stat_result | None:
             continue
         try:
             return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            continue
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                raise
         finally:
             os.close(fd)
     return None
@@ -271,8 +281,8 @@ def read_regular(
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+                st = None  # no such report: it stays None
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
                 continue
             ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
             with os.fdopen(ffd, "rb") as f:

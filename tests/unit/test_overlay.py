@@ -133,3 +133,13 @@ def test_changes_never_follow_a_symlink_in_an_image_layer(tmp_path: Path) -> Non
         overlay.read_regular(
             str(tmp_path / "empty-upper"), [str(lower)], "/var/run", ["reward.txt"], max_bytes=9
         )
+
+
+def test_a_layer_that_cannot_be_read_is_an_error_not_an_absence(tmp_path: Path) -> None:
+    # Only a missing path, a file in the way or a refused symlink reads as "not there";
+    # anything else (here: a layer directory that is gone) must surface.
+    upper = tmp_path / "u"
+    (upper / "etc").mkdir(parents=True)
+    (upper / "etc" / "x").write_text("")
+    with pytest.raises(FileNotFoundError):
+        overlay.changes(str(upper), [str(tmp_path / "no-such-layer")])
