@@ -5,7 +5,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -187,6 +199,15 @@ class Episode(Base):
     timing: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # the work-item claim this episode runs under (None for ad-hoc episodes): when that
+    # claim lapses the episode is abandoned and its sandbox released
+    claim_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+    __table_args__ = (
+        Index("ix_episodes_claim", "claim_id"),
+        Index("ix_episodes_item", "work_item_id", "sample_idx"),
+        Index("ix_episodes_state", "state"),
+    )
 
 
 class RewardRecordRow(Base):
@@ -198,6 +219,9 @@ class RewardRecordRow(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     job_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     episode_id: Mapped[str] = mapped_column(String(40), unique=True)
+    # the record's identity: ``<work_item_id>/<sample_idx>`` for a job's sample,
+    # ``ep/<episode_id>`` for an ad-hoc episode (see ``service.rewards.sample_key``)
+    sample_key: Mapped[str] = mapped_column(String(200))
     group_id: Mapped[str] = mapped_column(String(40))
     task_id: Mapped[str] = mapped_column(String(200))
     suite: Mapped[str] = mapped_column(String(200))
@@ -212,6 +236,7 @@ class RewardRecordRow(Base):
         Index("ix_rewards_tenant", "tenant_id", "created_at"),
         Index("ix_rewards_job", "job_id"),
         Index("ix_rewards_task", "domain", "task_id", "created_at"),
+        UniqueConstraint("sample_key", name="uq_rewards_sample"),
     )
 
 
@@ -228,7 +253,8 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
-    state: Mapped[str] = mapped_column(String(16))  # queued | running | done | cancelled
+    # queued | running | done | partial | failed | cancelled
+    state: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -236,8 +262,10 @@ class Job(Base):
 class WorkItem(Base):
     """One group of a job (a task x group_size samples) that a worker claims.
 
-    States: queued -> claimed -> done | failed (after ``max_attempts``); a claim whose
-    ``claim_expires_at`` passes goes back to queued.
+    States: queued -> claimed -> done | failed (after ``max_attempts`` real failures); a
+    claim whose ``claim_expires_at`` passes goes back to queued without using an attempt.
+    ``claim_id`` names the current claim (episodes started under it carry it); ``claims``
+    counts claims of any outcome, ``attempts`` only failures of the policy or the verifier.
     """
 
     __tablename__ = "work_items"
@@ -254,5 +282,35 @@ class WorkItem(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    claim_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    claims: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
-    __table_args__ = (Index("ix_work_queue", "state", "priority", "created_at"),)
+    __table_args__ = (
+        Index("ix_work_queue", "state", "priority", "created_at"),
+        Index("ix_work_items_claim", "claim_id"),
+        Index("ix_work_items_expiry", "state", "claim_expires_at"),
+    )
+
+
+class IdempotencyKey(Base):
+    """The first answer to a request sent with an ``Idempotency-Key`` header (per tenant).
+
+    ``state`` is ``pending`` while the first request runs (``owner`` is that server's boot
+    id: a pending row of another boot was cut off by a crash and may be taken over) and
+    ``done`` once ``status_code`` and ``response`` hold the answer replays get.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(300))
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    owner: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    response: Mapped[Any] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (Index("ix_idempotency_created", "created_at"),)
