@@ -17,6 +17,7 @@ from service.api import (
     health,
     jobs,
     problems,
+    limits,
     rewards,
     sandboxes,
     snapshots,
@@ -59,6 +60,12 @@ class MetricsMiddleware:
 
 def bootstrap(ctx: ServiceContext) -> None:
     """Create the configured admin key (idempotent), reconcile with the engine."""
+def _request_limits(scope: Scope) -> tuple[int, int]:
+    """(max_body_bytes, max_json_depth) of the app serving ``scope``."""
+    settings = scope["app"].state.ctx.settings
+    return settings.max_body_bytes, settings.max_json_depth
+
+
     s_ = ctx.settings
     if s_.bootstrap_admin_key:
         with ctx.db.session() as s:
@@ -118,3 +125,5 @@ def create_app(
         app.include_router(r.router)
     app.add_middleware(MetricsMiddleware)
     return app
+    problems.install_openapi(app)
+    app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)

@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     default_quota_sandboxes: int = Field(32, ge=0)
     default_quota_cpus: float = Field(32.0, ge=0)
     default_quota_memory_mb: int = Field(64 * 1024, ge=0)
+    max_body_bytes: int = Field(
+        16 << 20,
+        ge=1,
+        description="Largest request body (bytes) of every route but file uploads, which "
+        "have max_upload_bytes; a larger one is a 413 before it is read.",
+    )
+    max_json_depth: int = Field(64, ge=1, description="Deepest nesting of a JSON body.")
 
     tasks_dir: Path = Field(
         Path(__file__).resolve().parent.parent / "tasks",

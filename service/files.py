@@ -32,6 +32,7 @@ from service.errors import (
     InvalidRequest,
     PathOutsideRoot,
     PayloadTooLarge,
+    SandboxError,
 )
 from service.runtime.base import SandboxRuntime
 from service.sandboxes import get_live, runtime_failure
@@ -49,17 +50,45 @@ def within(path: str, root: str) -> bool:
 KERNEL_MOUNTS = ("/proc", "/sys", "/dev")
 
 
+NAME_MAX_BYTES = 255  # the longest file name Linux filesystems take (NAME_MAX)
+PATH_MAX_BYTES = 4095  # PATH_MAX (4096) less the terminating NUL
+
+
 def confine(path: str, template: Template) -> str:
-    """Normalize ``path`` (relative to the workdir) and check it stays under ``files_root``.
+    """Normalize ``path`` (relative to the workdir) and check it stays under ``files_root``,
+    outside the kernel filesystems, and within the kernel's name limits (255 bytes a
+    component, 4095 in all, as UTF-8).
 
     Raises:
-        InvalidRequest: empty path or NUL byte. PathOutsideRoot: escapes ``files_root``.
+        InvalidRequest: empty path, NUL byte, a name too long. PathOutsideRoot: escapes
+            ``files_root`` or lies under /proc, /sys or /dev.
     """
     if not path or "\0" in path:
         raise InvalidRequest("path must be non-empty and contain no NUL", field="path")
     absolute = posixpath.normpath(posixpath.join(template.workdir, path))
     if absolute.startswith("//"):
         absolute = "/" + absolute.lstrip("/")
+    encoded = absolute.encode("utf-8", "surrogateescape")
+    if len(encoded) > PATH_MAX_BYTES:
+        raise InvalidRequest(
+            f"path is {len(encoded)} bytes long; the limit is {PATH_MAX_BYTES}", field="path"
+        )
+    for part in absolute.split("/"):
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX_BYTES:
+            raise InvalidRequest(
+                f"path component {part[:40]!r}... is longer than {NAME_MAX_BYTES} bytes",
+                field="path",
+            )
+    return allowed(absolute, path, template)
+
+
+def allowed(absolute: str, path: str, template: Template) -> str:
+    """``absolute`` (normalized, or resolved in the sandbox) when the file API may touch it:
+    under ``files_root`` and not under a kernel filesystem.
+
+    Raises:
+        PathOutsideRoot: it is not (the message names ``path`` as the client gave it).
+    """
     if not within(absolute, template.files_root):
         raise PathOutsideRoot(
             f"path {path!r} resolves to {absolute!r}, outside {template.files_root!r}", field="path"
@@ -386,13 +415,9 @@ def _resolve(
     if plain is not None:
         return plain  # confine() already kept it under files_root: no symlink moves it
     resolved = ctx.runtime.resolve_path(container_id, path, create_parents=create_parents)
-    if not within(resolved, template.files_root):
-        raise PathOutsideRoot(
-            f"path {path!r} resolves (through a symlink) to {resolved!r}, "
-            f"outside {template.files_root!r}",
-            field="path",
-        )
-    return resolved
+    # The refusals apply to where the path leads: a symlink may lead out of the root or
+    # into /proc, /sys or /dev.
+    return allowed(resolved, path, template)
 
 
 def put(
@@ -483,36 +508,36 @@ class Download:
 def get(ctx: ServiceContext, principal: Principal, sandbox_id: str, *, path: str) -> Download:
     """Download ``path``: a regular file as its bytes, anything else as a tar.
 
-    Audited as ``sandbox.file_get`` with the byte count.
+    Not audited here: the caller records ``audit_download`` once the response is ready, so
+    a download that failed is never in the log.
+
+    Raises:
+        InvalidRequest, PathOutsideRoot: see ``confine``. NotFound, Conflict, SandboxError:
+            the sandbox, the path or the runtime (an archive the engine sent unreadable).
     """
     row = get_live(ctx, principal, sandbox_id)
     tpl = ctx.templates.get(row.template)
-    resolved = _resolve(ctx, row.container_id, confine(path, tpl), tpl, create_parents=False)
     spool = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # noqa: SIM115 - closed by chunks()
     try:
+        resolved = _resolve(ctx, row.container_id, confine(path, tpl), tpl, create_parents=False)
         for chunk in ctx.runtime.get_archive(row.container_id, resolved):
             spool.write(chunk)
+        tar_size = spool.tell()
+        spool.seek(0)
+        with tarfile.open(fileobj=spool, mode="r:") as t:
+            first = t.next()
+            single = first is not None and first.isfile() and t.next() is None
+            size = first.size if single else tar_size
+            offset = first.offset_data if single else 0
+    except tarfile.TarError as e:
+        spool.close()
+        raise SandboxError(f"the engine sent an unreadable archive of {path!r}: {e}") from e
     except CrucibleError as e:
         spool.close()
+        if isinstance(e, InvalidRequest):
+            raise
         raise runtime_failure(ctx, principal, sandbox_id, e) from e
-    tar_size = spool.tell()
-    spool.seek(0)
-    with tarfile.open(fileobj=spool, mode="r:") as t:
-        first = t.next()
-        single = first is not None and first.isfile() and t.next() is None
-        size = first.size if single else tar_size
-        offset = first.offset_data if single else 0
     spool.seek(offset)
-    kind = "file" if single else "tar"
-    with ctx.db.session() as s:
-        audit.record(
-            s,
-            "sandbox.file_get",
-            tenant_id=principal.tenant_id,
-            key_id=principal.key_id,
-            sandbox_id=sandbox_id,
-            details={"path": resolved, "bytes": size, "kind": kind},
-        )
 
     def chunks() -> Iterator[bytes]:
         left = size
@@ -526,4 +551,19 @@ def get(ctx: ServiceContext, principal: Principal, sandbox_id: str, *, path: str
         finally:
             spool.close()
 
-    return Download(path=resolved, kind=kind, size=size, chunks=chunks())
+    return Download(path=resolved, kind="file" if single else "tar", size=size, chunks=chunks())
+
+
+def audit_download(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, download: Download
+) -> None:
+    """Record ``sandbox.file_get`` (path, byte count, kind) for a download about to be sent."""
+    with ctx.db.session() as s:
+        audit.record(
+            s,
+            "sandbox.file_get",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=sandbox_id,
+            details={"path": download.path, "bytes": download.size, "kind": download.kind},
+        )

@@ -42,6 +42,25 @@ def _ttl(ctx: ServiceContext, ttl_s: int | None) -> int:
     return ttl
 
 
+MIN_CPUS = 0.01  # the engine refuses NanoCpus below 10^7 (0.01 CPU)
+
+
+def check_cpus(ctx: ServiceContext, cpus: float, *, field: str) -> None:
+    """Refuse, before anything is reserved or started, CPUs the engine would refuse: below
+    its minimum of 0.01 or more than its host has.
+
+    Raises:
+        InvalidRequest: names ``field``. SandboxError: the engine could not be asked.
+    """
+    host = ctx.runtime.host_cpus()
+    if not MIN_CPUS <= cpus <= host:
+        raise InvalidRequest(
+            f"{field} {cpus:g} is outside what the engine accepts: {MIN_CPUS} to {host} "
+            "(its host's CPU count)",
+            field=field,
+        )
+
+
 def get_owned(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
     """The tenant's sandbox (admins see all). ``NotFound`` for unknown or foreign ids."""
     with ctx.db.read() as s:
@@ -105,6 +124,7 @@ def lease(
         update={k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
     )
     ttl = _ttl(ctx, ttl_s)
+    check_cpus(ctx, tpl.cpus, field="limits.cpus" if cpus is not None else "template")
     need = Resources(1, tpl.cpus, tpl.memory_mb)
     sid = new_id("sb")
     try:
@@ -518,6 +538,7 @@ def fork(
     snap = get_snapshot(ctx, principal, snapshot_id)
     tpl = ctx.templates.get(snap.template)
     ttl = _ttl(ctx, ttl_s)
+    check_cpus(ctx, tpl.cpus, field="template")
     need = Resources(n, tpl.cpus * n, tpl.memory_mb * n)
     ids = [new_id("sb") for _ in range(n)]
     try:

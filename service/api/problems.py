@@ -1,4 +1,5 @@
-"""RFC 9457 problem+json responses for every error the API returns."""
+"""RFC 9457 problem+json responses for every error the API returns, and their OpenAPI
+declarations (``error_responses(...)`` on each route, the ``Problem`` schema in the components)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,59 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import CrucibleError, QuotaExceeded
+from service.schemas import Problem
 
 log = logging.getLogger("crucible.api")
 PROBLEM = "application/problem+json"
+PROBLEM_REF = "#/components/schemas/Problem"
+
+# What each error status means on this API (the descriptions in the OpenAPI document).
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "Invalid request: a value the schema allows but the service cannot accept, a body "
+    "that is not JSON or not UTF-8, or JSON nested too deep (``field`` names it)",
+    401: "Missing, unknown or revoked API key",
+    403: "The API key lacks the admin scope",
+    404: "No such object for this tenant (another tenant's object is also not found)",
+    409: "The object's state does not allow the operation",
+    413: "The request body exceeds the configured limit",
+    422: "The request does not match the schema (``errors`` lists every field)",
+    429: "Over the tenant's quota; retry after ``Retry-After`` seconds",
+    502: "The sandbox runtime (the container engine) or the verifier failed",
+    503: "No sandbox could be started now",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for the given error statuses, each a problem+json
+    body (``Problem``). What every route of a kind can return (401/403 from its
+    dependencies, 400/413 for a body, 422 for parameters) ``install_openapi`` adds.
+
+    Raises:
+        KeyError: a status with no entry in ``ERROR_DESCRIPTIONS``.
+    """
+    return {
+        status: {
+            "description": ERROR_DESCRIPTIONS[status],
+            "content": {PROBLEM: {"schema": {"$ref": PROBLEM_REF}}},
+        }
+        for status in statuses
+    }
+
+
+def problem_body(
+    status: int, title: str, detail: str, *, instance: str, field: str | None = None
+) -> dict[str, Any]:
+    """The JSON object of one problem (RFC 9457 members plus ``field``)."""
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+    }
+    if field is not None:
+        body["field"] = field
+    return body
 
 
 def problem(
@@ -27,22 +78,18 @@ def problem(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """Build one problem+json response."""
-    body: dict[str, Any] = {
-        "type": "about:blank",
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "instance": request.url.path,
-    }
-    if field is not None:
-        body["field"] = field
+    body = problem_body(status, title, detail, instance=request.url.path, field=field)
     if errors is not None:
         body["errors"] = errors
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
 def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    """The dotted field of a validation error's location, without its leading source
+    (``("query", "path")`` is the query parameter ``path``, not nothing)."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
     return ".".join(parts) or "body"
 
 
@@ -107,3 +154,63 @@ def install(app: FastAPI) -> None:
         return problem(
             500, "Internal error", f"{type(exc).__name__}: unexpected server error", request=request
         )
+
+
+def _calls(dependant: Any) -> set[Any]:
+    """Every dependency callable of a route, transitively."""
+    found = set()
+    for sub in dependant.dependencies:
+        found.add(sub.call)
+        found |= _calls(sub)
+    return found
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make ``/openapi.json`` declare every error response as problem+json.
+
+    Per route: 401 when it authenticates (``get_principal`` among its dependencies), 403
+    when it needs the admin scope, 422 (problem+json, replacing FastAPI's own shape) when it
+    has parameters or a body, 400 and 413 when it takes a body (the request limits); plus
+    what the route declares with ``error_responses``. The ``Problem`` schema is added to
+    the components.
+    """
+    from fastapi.openapi.utils import get_openapi
+    from fastapi.routing import APIRoute
+
+    from service.api.deps import get_admin, get_principal
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = doc.setdefault("components", {}).setdefault("schemas", {})
+        components["Problem"] = Problem.model_json_schema()
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        for route in app.routes:
+            if not isinstance(route, APIRoute) or not route.include_in_schema:
+                continue
+            calls = _calls(route.dependant)
+            implied = []
+            if get_principal in calls:
+                implied.append(401)
+            if get_admin in calls:
+                implied.append(403)
+            if route.body_field is not None:
+                implied += [400, 413]
+            dep = route.dependant
+            if route.body_field is not None or dep.query_params or dep.path_params:
+                implied.append(422)
+            for method in route.methods:
+                op = doc["paths"][route.path_format].get(method.lower())
+                if op is None:
+                    continue
+                responses = op.setdefault("responses", {})
+                for status, entry in error_responses(*implied).items():
+                    responses[str(status)] = entry
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

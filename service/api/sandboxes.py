@@ -7,12 +7,14 @@ import binascii
 import codecs
 import json
 from collections.abc import Iterator
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from service import files, sandboxes
 from service.api.deps import Ctx, CurrentPrincipal
+from service.api.problems import error_responses
 from service.db.models import Sandbox, Snapshot
 from service.errors import InvalidRequest, PayloadTooLarge
 from service.metrics import EXEC_LATENCY, EXECS
@@ -217,7 +219,20 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(buf)
 
 
-@router.put("/{sandbox_id}/files", response_model=FileOut)
+@router.put(
+    "/{sandbox_id}/files",
+    response_model=FileOut,
+    responses=error_responses(400, 404, 409, 413, 502),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                "application/x-tar": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
 async def put_file(
     sandbox_id: str,
     request: Request,
@@ -237,9 +252,33 @@ async def put_file(
     return FileOut(path=resolved, bytes=n, kind="tar" if is_tar else "file")
 
 
+def content_disposition(path: str, kind: str) -> str:
+    """``attachment`` with the file's base name (a tar: ``<name>.tar``), per RFC 6266: an
+    ASCII ``filename`` fallback (other characters as ``_``) and ``filename*`` in UTF-8,
+    percent-encoded (RFC 8187, formerly 5987), so any name fits a Latin-1 header."""
+    name = path.rstrip("/").rpartition("/")[2] or "root"
+    if kind == "tar":
+        name += ".tar"
+    fallback = "".join(c if 0x20 <= ord(c) < 0x7F and c not in '"\\%' else "_" for c in name)
+    encoded = quote(name.encode("utf-8", "surrogateescape"), safe="")
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{encoded}"
+
+
 @router.get(
     "/{sandbox_id}/files",
-    responses={200: {"content": {"application/octet-stream": {}, "application/x-tar": {}}}},
+    responses={
+        200: {
+            "content": {"application/octet-stream": {}, "application/x-tar": {}},
+            "headers": {
+                "X-Crucible-Path": {
+                    "description": "The resolved path, percent-encoded UTF-8 (RFC 3986)",
+                    "schema": {"type": "string"},
+                },
+                "X-Crucible-Kind": {"schema": {"type": "string", "enum": ["file", "tar"]}},
+            },
+        },
+        **error_responses(400, 404, 409, 502),
+    },
 )
 def get_file(
     sandbox_id: str,
@@ -247,15 +286,19 @@ def get_file(
     principal: CurrentPrincipal,
     path: str = Query(..., min_length=1, max_length=4096),
 ) -> StreamingResponse:
-    """Download ``path``: a regular file as bytes, a directory as a tar."""
+    """Download ``path``: a regular file as bytes, a directory as a tar. The resolved path
+    comes back in ``X-Crucible-Path`` (percent-encoded) and ``Content-Disposition``."""
     dl = files.get(ctx, principal, sandbox_id, path=path)
     media = "application/octet-stream" if dl.kind == "file" else "application/x-tar"
-    return StreamingResponse(
+    response = StreamingResponse(
         dl.chunks,
         media_type=media,
         headers={
             "Content-Length": str(dl.size),
-            "X-Crucible-Path": dl.path,
+            "Content-Disposition": content_disposition(dl.path, dl.kind),
+            "X-Crucible-Path": quote(dl.path.encode("utf-8", "surrogateescape"), safe="/"),
             "X-Crucible-Kind": dl.kind,
         },
     )
+    files.audit_download(ctx, principal, sandbox_id, dl)  # only once the response is sound
+    return response

@@ -189,6 +189,10 @@ class SandboxRuntime(Protocol):
     def prune_snapshots(self, *, deployment: str) -> int:
         """Delete this deployment's untagged snapshot images no container uses; return how
         many (deleted snapshots stay alive untagged while forks run from them)."""
+    def host_cpus(self) -> int:
+        """How many CPUs the engine's host has: the most one container may be given."""
+        ...
+
         ...
 
     def remove_image(self, image: str) -> None:

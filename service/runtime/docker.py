@@ -1126,6 +1126,21 @@ class DockerRuntime:
         body = {"NanoCpus": int(cpus * 1e9), "Memory": memory_bytes, "MemorySwap": memory_bytes}
         try:
             url = self._api._url("/containers/{0}/update", container_id)
+    def host_cpus(self) -> int:
+        """The CPUs of the engine's host (``NCPU`` of ``GET /info``, asked once): the most a
+        container may be given.
+
+        Raises:
+            SandboxError: the engine did not answer.
+        """
+        known = getattr(self, "_host_cpus", None)
+        if known is None:
+            try:
+                known = self._host_cpus = int(self._api.info()["NCPU"])
+            except Exception as e:
+                raise _map_error(e, "asking the engine for its CPU count") from e
+        return known
+
             self._api._raise_for_status(self._api._post_json(url, data=body))
         except Exception as e:
             raise _map_error(e, f"updating the limits of container {container_id}") from e

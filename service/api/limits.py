@@ -1,0 +1,156 @@
+"""Request limits, applied before a route sees the request (pure ASGI middleware).
+
+- Body size: a declared ``Content-Length`` over the limit is a 413 before any byte is read;
+  a chunked body is counted as it arrives and refused as soon as it passes the limit, so
+  memory stays bounded by it. The limit is ``max_body_bytes``; file uploads
+  (``PUT /v1/sandboxes/{id}/files``) have their own, ``max_upload_bytes``, enforced by
+  their route as they stream.
+- A JSON body (``application/json``, ``*/*+json`` or no ``Content-Type``, as FastAPI reads
+  them) must be UTF-8 (RFC 8259 section 8.1) and nested at most ``max_json_depth`` levels;
+  otherwise a 400 naming the problem, before the parser (whose recursion a deep document
+  would exhaust) runs.
+
+A refused request never reaches a route, so nothing stored changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.problems import PROBLEM, problem_body
+
+# Routes that stream their body themselves under their own limit (method, path pattern).
+_OWN_LIMIT = ((b"PUT", re.compile(r"^/v1/sandboxes/[^/]+/files$")),)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth_exceeds(body: bytes, max_depth: int) -> bool:
+    """True when ``body``'s brackets outside strings nest deeper than ``max_depth``.
+
+    Strings are removed first (a bracket inside one does not nest), then the remaining
+    brackets are counted; a malformed body is left to the parser.
+    """
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    depth = 0
+    for b in brackets:
+        depth += 1 if b in (0x5B, 0x7B) else -1
+        if depth > max_depth:
+            return True
+    return False
+
+
+def _is_json(content_type: str | None) -> bool:
+    if content_type is None:
+        return True
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+class RequestLimitsMiddleware:
+    """Refuse oversized bodies (413), non-UTF-8 or too deeply nested JSON (400).
+
+    ``limits`` returns ``(max_body_bytes, max_json_depth)``; it is called per request, so
+    the settings of the app's context apply (tests build apps with their own).
+    """
+
+    def __init__(self, app: ASGIApp, *, limits: Callable[[Scope], tuple[int, int]]) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or any(
+            scope["method"].encode() == m and p.match(scope["path"]) for m, p in _OWN_LIMIT
+        ):
+            await self.app(scope, receive, send)
+            return
+        max_bytes, max_depth = self.limits(scope)
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > max_bytes:
+            await _refuse(
+                scope,
+                send,
+                413,
+                "Payload too large",
+                f"the body of {declared} bytes exceeds the limit of {max_bytes} bytes",
+            )
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > max_bytes:
+                await _refuse(
+                    scope,
+                    send,
+                    413,
+                    "Payload too large",
+                    f"the body exceeds the limit of {max_bytes} bytes",
+                )
+                return
+        content_type = headers.get(b"content-type")
+        if body and _is_json(content_type.decode("latin-1") if content_type else None):
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                await _refuse(
+                    scope,
+                    send,
+                    400,
+                    "Body is not UTF-8",
+                    f"a JSON body must be UTF-8: invalid byte at offset {e.start}",
+                )
+                return
+            if json_depth_exceeds(bytes(body), max_depth):
+                await _refuse(
+                    scope,
+                    send,
+                    400,
+                    "JSON nested too deep",
+                    f"the JSON body nests deeper than {max_depth} levels",
+                )
+                return
+        await self.app(scope, _replay(bytes(body), receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the buffered body over once, then defers to the client's."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def _refuse(scope: Scope, send: Send, status: int, title: str, detail: str) -> None:
+    payload = json.dumps(
+        problem_body(status, title, detail, instance=scope["path"], field="body")
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", PROBLEM.encode()),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
