@@ -1,4 +1,5 @@
-"""FastAPI application factory and lifespan (runtime readiness, reconcile, pools start/stop)."""
+"""FastAPI application factory and lifespan (serve lock, runtime readiness, reconcile and
+recovery, pools start/stop)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import episodes, tenants
+from service import idempotency, recovery, tenants
 from service.api import (
     audit,
     health,
     jobs,
-    problems,
     limits,
+    problems,
     rewards,
     sandboxes,
     snapshots,
@@ -26,7 +27,9 @@ from service.api import (
 )
 from service.config import Settings, get_settings
 from service.context import ServiceContext
+from service.idempotency import IdempotencyMiddleware
 from service.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from service.serverlock import ServerLock
 
 log = logging.getLogger("crucible")
 
@@ -58,14 +61,14 @@ class MetricsMiddleware:
             HTTP_LATENCY.labels(scope["method"], path).observe(time.perf_counter() - t0)
 
 
-def bootstrap(ctx: ServiceContext) -> None:
-    """Create the configured admin key (idempotent), reconcile with the engine."""
 def _request_limits(scope: Scope) -> tuple[int, int]:
     """(max_body_bytes, max_json_depth) of the app serving ``scope``."""
     settings = scope["app"].state.ctx.settings
     return settings.max_body_bytes, settings.max_json_depth
 
 
+def bootstrap(ctx: ServiceContext) -> None:
+    """Create the configured admin key (idempotent), reconcile with the engine."""
     s_ = ctx.settings
     if s_.bootstrap_admin_key:
         with ctx.db.session() as s:
@@ -81,13 +84,10 @@ def _request_limits(scope: Scope) -> tuple[int, int]:
             )
     ctx.runtime.ensure_ready()
     counts = ctx.pools.reconcile()
-    recovered = episodes.recover(ctx)
-    log.info(
-        "reconciled deployment %s: %s; %d episodes back to running",
-        s_.deployment,
-        counts,
-        recovered,
-    )
+    recovered = recovery.recover_on_start(ctx)
+    ctx.pools.add_maintenance(lambda: recovery.reclaim(ctx))
+    ctx.pools.add_maintenance(lambda: idempotency.prune(ctx.db))
+    log.info("reconciled deployment %s: %s; recovered %s", s_.deployment, counts, recovered)
 
 
 def create_app(
@@ -103,15 +103,24 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        c = ctx or await run_in_threadpool(ServiceContext.build, settings or get_settings())
-        app.state.ctx = c
-        await run_in_threadpool(bootstrap, c)
-        if maintain_pools:
-            c.pools.start()
+        lock = None
+        s_ = ctx.settings if ctx is not None else settings or get_settings()
+        if ctx is None and not s_.replica:  # before anything is touched: one per deployment
+            lock = ServerLock(s_.sqlalchemy_url, s_.deployment)
+            lock.acquire()
         try:
-            yield
+            c = ctx or await run_in_threadpool(ServiceContext.build, s_)
+            app.state.ctx = c
+            await run_in_threadpool(bootstrap, c)
+            if maintain_pools:
+                c.pools.start()
+            try:
+                yield
+            finally:
+                await run_in_threadpool(c.pools.stop, drain_warm=True)
         finally:
-            await run_in_threadpool(c.pools.stop, drain_warm=True)
+            if lock is not None:
+                lock.release()
 
     app = FastAPI(
         title="Crucible",
@@ -123,7 +132,8 @@ def create_app(
     problems.install(app)
     for r in (health, sandboxes, snapshots, templates_pools, tasks, jobs, rewards, audit):
         app.include_router(r.router)
+    problems.install_openapi(app)
+    app.add_middleware(IdempotencyMiddleware)  # inside the limits: it reads bounded bodies
+    app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)
     app.add_middleware(MetricsMiddleware)
     return app
-    problems.install_openapi(app)
-    app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)

@@ -23,6 +23,11 @@ class Settings(BaseSettings):
         None, description="SQLAlchemy URL; default sqlite:///<data_dir>/crucible.db"
     )
     redis_url: str | None = Field(None, description="Redis URL for multi-replica coordination.")
+    replica: bool = Field(
+        False,
+        description="Serve as a replica: skip the one-server-per-deployment lock "
+        "(service.serverlock). Multi-replica coordination is not built yet.",
+    )
     deployment: str = Field(
         "",
         description="Value of the crucible.deployment label; reconcile touches only these. "

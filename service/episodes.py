@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from service import audit, rewards, sandboxes, scheduler
 from service.context import ServiceContext
-from service.db.models import Episode, Sandbox, utcnow
+from service.db.models import Episode, RewardRecordRow, Sandbox, WorkItem, utcnow
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.pool import spec_for
@@ -54,6 +55,61 @@ def ensure_template(ctx: ServiceContext, task: Task) -> str:
     return ctx.templates.get(template_name(task)).name
 
 
+@dataclass(frozen=True)
+class _Slots:
+    """Which samples a start runs: ``reuse`` (live episodes of the same claim) and ``new``
+    (sample indexes to start now); ``claim_id`` owns both (None: ad-hoc)."""
+
+    claim_id: str | None
+    group_id: str | None
+    reuse: list[Episode]
+    new: list[int]
+
+
+def _slots(
+    ctx: ServiceContext,
+    principal: Principal,
+    *,
+    group_size: int,
+    job_id: str | None,
+    work_item_id: str | None,
+    group_id: str | None,
+) -> _Slots:
+    """The samples to run. For a work item: it must be under a live claim; samples with an
+    ``ok`` record are done, live episodes of this claim are reused, and every other sample
+    (no record, an error record, or only episodes of a lapsed claim) gets a new episode."""
+    if job_id is not None:  # only the job's own tenant may add episodes to it
+        scheduler.get_job(ctx.db, principal, job_id)
+    if work_item_id is None:
+        return _Slots(None, group_id, [], list(range(group_size)))
+    item = scheduler.get_item(ctx.db, principal, work_item_id)
+    if job_id is not None and item.job_id != job_id:
+        raise InvalidRequest(
+            f"work item {work_item_id} is not part of job {job_id}", field="work_item_id"
+        )
+    claim_id = scheduler.live_claim(ctx.db, work_item_id)
+    if claim_id is None:
+        raise Conflict(f"work item {work_item_id} is {item.state}, not under a live claim")
+    job = scheduler.get_job(ctx.db, principal, item.job_id)
+    with ctx.db.read() as s:
+        recorded = scheduler.recorded_samples(s, work_item_id)
+        live = (
+            s.execute(
+                select(Episode).where(
+                    Episode.claim_id == claim_id, Episode.state.in_(("running", "verifying"))
+                )
+            )
+            .scalars()
+            .all()
+        )
+    todo = [i for i in range(job.group_size) if recorded.get(i) != "ok"]
+    reuse = {ep.sample_idx: ep for ep in live if ep.sample_idx in todo}
+    new = [i for i in todo if i not in reuse]
+    if not todo:
+        raise Conflict(f"every sample of work item {work_item_id} is recorded; complete it")
+    return _Slots(claim_id, item.group_id, sorted(reuse.values(), key=lambda e: e.sample_idx), new)
+
+
 def start(
     ctx: ServiceContext,
     principal: Principal,
@@ -66,10 +122,16 @@ def start(
     work_item_id: str | None = None,
     group_id: str | None = None,
 ) -> list[StartedEpisode]:
-    """Start ``group_size`` episodes of one task from an identical state.
+    """Start the episodes of one task's group from an identical state.
+
+    Ad hoc (no ``work_item_id``): ``group_size`` new episodes. For a work item (which must
+    be under a live claim; its job's group size counts): the samples still without an
+    ``ok`` record, reusing live episodes this claim already started, so a repeated call
+    starts nothing twice. Each episode belongs to the claim (``claim_id``).
 
     Raises:
         NotFound: unknown task. QuotaExceeded: the group does not fit the quota.
+        Conflict: the work item is not under a live claim, or all its samples are recorded.
         SandboxError: sandboxes could not be started (nothing is left leased).
     """
     if group_size > ctx.settings.max_fork_n:
@@ -77,21 +139,26 @@ def start(
             f"group_size {group_size} exceeds {ctx.settings.max_fork_n}", field="group_size"
         )
     task = resolve_task(ctx, task_id, suite)
-    if job_id is not None:  # only the job's own tenant may add episodes to it
-        scheduler.get_job(ctx.db, principal, job_id)
-    if work_item_id is not None:
-        item = scheduler.get_item(ctx.db, principal, work_item_id)
-        if job_id is not None and item.job_id != job_id:
-            raise InvalidRequest(
-                f"work item {work_item_id} is not part of job {job_id}", field="work_item_id"
-            )
+    slots = _slots(
+        ctx,
+        principal,
+        group_size=group_size,
+        job_id=job_id,
+        work_item_id=work_item_id,
+        group_id=group_id,
+    )
+    reused = [StartedEpisode(ep, task) for ep in slots.reuse]
+    if not slots.new:
+        return reused
     t0 = time.perf_counter()
     template = ensure_template(ctx, task)
     ttl = ttl_s or int(task.agent_timeout_s + task.verifier_timeout_s + 300)
     meta = {"task_id": task.id, "suite": task.suite, "job_id": job_id}
-    first = sandboxes.lease(ctx, principal, template=template, ttl_s=ttl, metadata=meta)
+    n = len(slots.new)
+    first_meta = {**meta, "episode_role": "member" if n == 1 else "prepare"}
+    first = sandboxes.lease(ctx, principal, template=template, ttl_s=ttl, metadata=first_meta)
     prepared_snapshot = None
-    if group_size == 1:
+    if n == 1:
         members = [first]
         digest = ctx.runtime.image_digest(first.image)
     else:
@@ -100,7 +167,12 @@ def start(
             prepared_snapshot = snap.id
             digest = ctx.runtime.image_digest(snap.image)  # before the tag goes away
             members = sandboxes.fork(
-                ctx, principal, snap.id, n=group_size, ttl_s=ttl, metadata=meta
+                ctx,
+                principal,
+                snap.id,
+                n=n,
+                ttl_s=ttl,
+                metadata={**meta, "episode_role": "member"},
             )
         finally:
             sandboxes.release(ctx, principal, first.id)
@@ -108,17 +180,17 @@ def start(
                 # Forks keep the image (untagged) alive; the episode rows keep its id.
                 sandboxes.delete_snapshot(ctx, principal, prepared_snapshot)
     lease_ms = (time.perf_counter() - t0) * 1e3
-    group = group_id or new_id("grp")
+    group = slots.group_id or new_id("grp")
     out = []
     with ctx.db.session() as s:
-        for i, sb in enumerate(members):
+        for sample_idx, sb in zip(slots.new, members, strict=True):
             ep = Episode(
                 id=new_id("ep"),
                 tenant_id=principal.tenant_id,
                 job_id=job_id,
                 work_item_id=work_item_id,
                 group_id=group,
-                sample_idx=i,
+                sample_idx=sample_idx,
                 task_id=task.id,
                 task_version=task.version,
                 suite=task.suite,
@@ -129,6 +201,7 @@ def start(
                 snapshot_id=prepared_snapshot,
                 state="running",
                 timing={"lease_ms": round(lease_ms, 3)},
+                claim_id=slots.claim_id,
             )
             s.add(ep)
             audit.record(
@@ -141,37 +214,13 @@ def start(
                     "episode_id": ep.id,
                     "task": task.key,
                     "group_id": group,
-                    "sample_idx": i,
+                    "sample_idx": sample_idx,
                     "task_version": task.version,
+                    "claim_id": slots.claim_id,
                 },
             )
             out.append(StartedEpisode(ep, task))
-    return out
-
-
-def recover(ctx: ServiceContext) -> int:
-    """After a restart: episodes this deployment was verifying when it died go back to
-    ``running`` so their worker can verify again (the sandbox, if it survived, was adopted
-    by reconcile; if not, the new verification records an error). Returns how many."""
-    with ctx.db.session() as s:
-        ids = (
-            s.execute(
-                select(Episode.id)
-                .join(Sandbox, Sandbox.id == Episode.sandbox_id)
-                .where(Episode.state == "verifying", Sandbox.deployment == ctx.settings.deployment)
-            )
-            .scalars()
-            .all()
-        )
-        if ids:
-            s.execute(
-                update(Episode)
-                .where(Episode.id.in_(ids), Episode.state == "verifying")
-                .values(state="running")
-                .execution_options(synchronize_session=False)
-            )
-            audit.record(s, "episode.recover", details={"episodes": list(ids)})
-    return len(ids)
+    return sorted(reused + out, key=lambda e: e.episode.sample_idx)
 
 
 def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:
@@ -249,6 +298,9 @@ def verify(
         stored = rewards.by_episode(ctx.db, episode_id)
         if stored is not None:
             return stored
+    done = _recorded_elsewhere(ctx, principal, ep)
+    if done is not None:
+        return done
     # A bad trajectory is refused before any verification work (a placeholder verdict).
     build_record(
         ep,
@@ -303,7 +355,13 @@ def verify(
             sandboxes.delete_snapshot(ctx, principal, snapshot_id)
         raise
     with ctx.db.session() as s:
-        row = rewards.store(s, record, tenant_id=principal.tenant_id)
+        row = rewards.store(
+            s,
+            record,
+            tenant_id=principal.tenant_id,
+            work_item_id=ep.work_item_id,
+            replace_error=_may_replace(s, ep),
+        )
         s.execute(
             update(Episode)
             .where(Episode.id == episode_id)
@@ -331,6 +389,51 @@ def verify(
         )
     _finish(ctx, principal, ep, snapshot_id)
     return rewards.to_record(row)
+
+
+def _recorded_elsewhere(
+    ctx: ServiceContext, principal: Principal, ep: Episode
+) -> rewards.RewardRecord | None:
+    """When another episode of the same sample already holds an ``ok`` record (an earlier
+    claim's), this one is superseded: it is abandoned, its sandbox released, and that
+    record is the answer (a sample has one record)."""
+    if ep.work_item_id is None or ep.state != "running":
+        return None
+    key = scheduler.sample_key(ep.work_item_id, ep.sample_idx)
+    with ctx.db.read() as s:
+        row = s.execute(
+            select(RewardRecordRow).where(
+                RewardRecordRow.sample_key == key, RewardRecordRow.status == "ok"
+            )
+        ).scalar_one_or_none()
+    if row is None or row.episode_id == ep.id:
+        return None
+    with ctx.db.session() as s:
+        s.execute(
+            update(Episode)
+            .where(Episode.id == ep.id, Episode.state == "running")
+            .values(state="abandoned", ended_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        audit.record(
+            s,
+            "episode.superseded",
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            sandbox_id=ep.sandbox_id,
+            details={"episode_id": ep.id, "record_id": row.record_id, "sample_key": key},
+        )
+    _finish(ctx, principal, ep, None)
+    return rewards.to_record(row)
+
+
+def _may_replace(s: Session, ep: Episode) -> bool:
+    """A new record may replace the sample's error record only while the episode's claim
+    is its work item's current claim (a retry of a failed sample)."""
+    if ep.work_item_id is None or ep.claim_id is None:
+        return False
+    item = s.get(WorkItem, ep.work_item_id)
+    return item is not None and item.state == "claimed" and item.claim_id == ep.claim_id
 
 
 def _finish(

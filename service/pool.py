@@ -82,6 +82,11 @@ class PoolManager:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._maintenance: list[Callable[[], object]] = []
+
+    def add_maintenance(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on every tick after the pool's own work (claim reclaim, for one)."""
+        self._maintenance.append(fn)
 
     # -- targets ---------------------------------------------------------------------------
 
@@ -452,10 +457,11 @@ class PoolManager:
         """Adopt, destroy and fail so the DB and the engine agree (run before serving).
 
         Returns counts: adopted, destroyed (containers unknown to the DB or whose row ended),
-        failed (rows whose container is gone or that were mid-start).
+        failed (rows whose container is gone or that were mid-start), thawed (adopted
+        containers a crash left paused: mid-snapshot, or frozen for verification).
         """
         containers = {c.sandbox_id: c for c in self.runtime.list(deployment=self.deployment)}
-        counts = {"adopted": 0, "destroyed": 0, "failed": 0}
+        counts = {"adopted": 0, "destroyed": 0, "failed": 0, "thawed": 0}
         with self.db.session() as s:
             rows = (
                 s.execute(
@@ -481,6 +487,14 @@ class PoolManager:
                 self.mark_failed(sid, "lost across a control-plane restart")
                 counts["failed"] += 1
                 continue
+            if c.status == "paused":
+                try:
+                    self.runtime.thaw(c.container_id)
+                    counts["thawed"] += 1
+                except CrucibleError as e:
+                    self.mark_failed(sid, f"could not thaw after a restart: {e}")
+                    counts["failed"] += 1
+                    continue
             if row.state == "snapshotting":
                 with self.db.session() as s:
                     s.execute(
@@ -503,6 +517,8 @@ class PoolManager:
         """One round of maintenance: reap, trim, refill; every ``PRUNE_EVERY_S`` also delete
         snapshot images nothing uses any more."""
         self.reap()
+        for fn in self._maintenance:
+            fn()
         self.trim()
         self.refill()
         now = time.monotonic()

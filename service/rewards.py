@@ -240,12 +240,22 @@ class RewardRecord(_Model):
 # --------------------------------------------------------------------------- storage
 
 
-def _to_row(record: RewardRecord, tenant_id: str) -> RewardRecordRow:
+def sample_key(record: RewardRecord, work_item_id: str | None) -> str:
+    """A record's identity, unique in storage: ``<work_item_id>/<sample_idx>`` for a job's
+    sample (the same sample of a retried work item has the same key), ``ep/<episode_id>``
+    for an episode outside any work item."""
+    if work_item_id:
+        return f"{work_item_id}/{record.sample_idx}"
+    return f"ep/{record.episode_id}"
+
+
+def _to_row(record: RewardRecord, tenant_id: str, key: str) -> RewardRecordRow:
     return RewardRecordRow(
         record_id=record.record_id,
         tenant_id=tenant_id,
         job_id=record.job_id,
         episode_id=record.episode_id,
+        sample_key=key,
         group_id=record.group_id,
         task_id=record.task_id,
         suite=record.suite,
@@ -263,6 +273,11 @@ def _by_episode(session: Session, episode_id: str) -> RewardRecordRow | None:
     return session.execute(stmt).scalar_one_or_none()
 
 
+def _by_sample(session: Session, key: str) -> RewardRecordRow | None:
+    stmt = select(RewardRecordRow).where(RewardRecordRow.sample_key == key)
+    return session.execute(stmt).scalar_one_or_none()
+
+
 def by_episode(db: Database, episode_id: str) -> RewardRecord | None:
     """The record stored for ``episode_id``, if any."""
     with db.read() as s:
@@ -276,27 +291,49 @@ def _owned(row: RewardRecordRow, tenant_id: str) -> RewardRecordRow:
     return row
 
 
-def store(session: Session, record: RewardRecord, *, tenant_id: str) -> RewardRecordRow:
-    """Insert ``record`` for ``tenant_id`` in ``session``'s transaction; idempotent per episode.
+def store(
+    session: Session,
+    record: RewardRecord,
+    *,
+    tenant_id: str,
+    work_item_id: str | None = None,
+    replace_error: bool = False,
+) -> RewardRecordRow:
+    """Insert ``record`` for ``tenant_id`` in ``session``'s transaction; at most one record
+    per sample (``sample_key``) and per episode.
 
-    A second store of the same ``episode_id`` (a retried request, or two racing writers)
-    inserts nothing and returns the row already stored, whose content wins; compare its
-    ``record_id`` to tell. The insert runs in a SAVEPOINT, so losing a race on PostgreSQL
-    leaves the caller's transaction usable.
+    A second store for the same sample or episode (a retried request, a re-run of a retried
+    work item, two racing writers) inserts nothing and returns the row already stored, whose
+    content wins; compare its ``record_id`` to tell. Only with ``replace_error`` (a retry of
+    a failed sample while its work item is still open) does a stored record whose verifier
+    status is not ``ok`` give way: it is deleted and ``record`` takes its sample. The write
+    runs in a SAVEPOINT, so losing a race on PostgreSQL leaves the caller's transaction
+    usable.
 
     Raises:
         NotFound: the episode's record belongs to another tenant.
         Conflict: ``record_id`` is already used by another episode's record.
     """
-    existing = _by_episode(session, record.episode_id)
+    key = sample_key(record, work_item_id)
+    existing = _by_episode(session, record.episode_id) or _by_sample(session, key)
     if existing is not None:
-        return _owned(existing, tenant_id)
-    row = _to_row(record, tenant_id)
+        existing = _owned(existing, tenant_id)
+        if not (
+            replace_error
+            and existing.status != "ok"
+            and existing.sample_key == key
+            and existing.episode_id != record.episode_id
+        ):
+            return existing
+    row = _to_row(record, tenant_id, key)
     try:
         with session.begin_nested():
+            if existing is not None:
+                session.delete(existing)
+                session.flush()
             session.add(row)
     except IntegrityError:
-        existing = _by_episode(session, record.episode_id)
+        existing = _by_episode(session, record.episode_id) or _by_sample(session, key)
         if existing is not None:
             return _owned(existing, tenant_id)
         if session.get(RewardRecordRow, record.record_id) is not None:

@@ -1,17 +1,30 @@
-"""Rollout jobs and their work items: priorities, claims with leases, bounded retries.
+"""Rollout jobs and their work items: priorities, heartbeat-renewed claims, bounded retries.
 
-A job is tasks x group size for one policy; each task becomes one work item (one group).
-Workers claim the highest-priority queued item (ties: oldest first). A claim holds for
-``lease_s`` seconds; an item whose worker vanished (claim expired without completion) is
-claimable again. A failed attempt goes back to the queue until ``max_attempts``; then the
-item is ``failed``. Every claim and completion is one guarded UPDATE, so two workers (or two
+A job is tasks x group size for one policy; each task becomes one work item (one group of
+``group_size`` samples). Workers claim the highest-priority queued item (ties: oldest first).
+A claim has an id (``claim_id``) and holds for ``lease_s`` seconds (default 60); the worker
+renews it with heartbeats. Episodes started for an item belong to its current claim; when a
+claim lapses (``service.recovery.reclaim`` sweeps every tick, and a claim call reclaims an
+expired item itself) its unfinished episodes are abandoned, their sandboxes released, and the
+item goes back to the queue *without* using an attempt: attempts count only failures of the
+policy or the verifier (``complete(ok=False, cause="policy" | "verifier")``). After
+``max_attempts`` such failures the item is ``failed``; after ``max_attempts * 10`` claims of
+any outcome too (a worker that keeps dying on one item).
+
+A sample's identity is (job, work item, sample index): ``service.rewards`` stores at most one
+record per sample, so a retried item re-runs only samples without a final record. A job ends
+``done`` only when every sample has a record; otherwise ``partial`` (some records) or
+``failed`` (none), and ``progress(...)["missing"]`` lists the missing samples and why.
+Every claim, renewal and completion is one guarded UPDATE, so two workers (or two
 control-plane replicas) never hold the same item.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -22,6 +35,16 @@ from service.db.models import Job, RewardRecordRow, WorkItem, utcnow
 from service.errors import Conflict, InvalidRequest, NotFound
 from service.ids import new_id
 from service.tenants import Principal
+
+OPEN_ITEM_STATES = ("queued", "claimed")
+FINAL_JOB_STATES = ("done", "partial", "failed", "cancelled")
+CLAIMS_PER_ATTEMPT = 10  # claims allowed per attempt before an item fails for good
+Cause = Literal["policy", "verifier", "infrastructure"]
+
+
+def sample_key(work_item_id: str, sample_idx: int) -> str:
+    """The identity of a job's sample in ``reward_records.sample_key``."""
+    return f"{work_item_id}/{sample_idx}"
 
 
 def create_job(
@@ -66,6 +89,7 @@ def create_job(
                     priority=priority,
                     state="queued",
                     attempts=0,
+                    claims=0,
                     created_at=now + timedelta(microseconds=i),
                     updated_at=now,
                 )
@@ -95,56 +119,62 @@ def get_job(db: Database, principal: Principal, job_id: str) -> Job:
     return job
 
 
+def _claimable(job_id: str, now: datetime) -> Any:
+    return and_(
+        WorkItem.job_id == job_id,
+        or_(
+            WorkItem.state == "queued",
+            and_(WorkItem.state == "claimed", WorkItem.claim_expires_at < now),
+        ),
+    )
+
+
 def claim(
     db: Database, principal: Principal, job_id: str, *, worker: str, lease_s: float
 ) -> WorkItem | None:
     """Claim the next item of ``job_id`` for ``worker`` for ``lease_s`` seconds; None when
-    nothing is claimable now (all done, failed, or held by live claims)."""
+    nothing is claimable now (all final, or held by live claims).
+
+    An item whose previous claim lapsed is taken over here at no attempt's cost; the old
+    claim's unfinished episodes are abandoned by ``service.recovery.reclaim`` (an episode
+    lives only while its claim is its item's live claim).
+
+    Raises:
+        NotFound: unknown job. Conflict: the job is cancelled or finished.
+    """
     job = get_job(db, principal, job_id)
     if job.state == "cancelled":
         raise Conflict(f"job {job_id} is cancelled")
     for _ in range(10):
         now = utcnow()
         with db.session() as s:
-            claimable = and_(
-                WorkItem.job_id == job_id,
-                or_(
-                    WorkItem.state == "queued",
-                    and_(WorkItem.state == "claimed", WorkItem.claim_expires_at < now),
-                ),
-            )
             item = s.execute(
                 select(WorkItem)
-                .where(claimable)
+                .where(_claimable(job_id, now))
                 .order_by(WorkItem.priority.desc(), WorkItem.created_at)
                 .limit(1)
             ).scalar()
             if item is None:
                 return None
-            expired = item.state == "claimed"
+            lapsed = item.claim_id if item.state == "claimed" else None
+            if item.claims >= job.max_attempts * CLAIMS_PER_ATTEMPT:
+                _fail_item(s, item, f"claimed {item.claims} times without finishing")
+                continue
+            new_claim = new_id("clm")
             got = s.execute(
                 update(WorkItem)
-                .where(WorkItem.id == item.id, claimable)
+                .where(WorkItem.id == item.id, _claimable(job_id, now))
                 .values(
                     state="claimed",
                     claimed_by=worker,
-                    attempts=WorkItem.attempts + 1,
+                    claim_id=new_claim,
+                    claims=WorkItem.claims + 1,
                     claim_expires_at=now + timedelta(seconds=lease_s),
                     updated_at=now,
                 )
                 .execution_options(synchronize_session=False)
             ).rowcount
             if not got:
-                continue
-            if expired and item.attempts >= job.max_attempts:
-                # the previous holder vanished on its last allowed attempt
-                s.execute(
-                    update(WorkItem)
-                    .where(WorkItem.id == item.id)
-                    .values(state="failed", last_error="claim expired on the last attempt")
-                    .execution_options(synchronize_session=False)
-                )
-                _maybe_finish(s, job_id)
                 continue
             s.execute(
                 update(Job)
@@ -161,8 +191,9 @@ def claim(
                     "job_id": job_id,
                     "work_item_id": item.id,
                     "worker": worker,
-                    "attempt": item.attempts + 1,
-                    "reclaimed": expired,
+                    "claim_id": new_claim,
+                    "attempts": item.attempts,
+                    "reclaimed_from": lapsed,
                 },
             )
             return s.get(WorkItem, item.id, populate_existing=True)
@@ -172,15 +203,20 @@ def claim(
 def heartbeat(
     db: Database, principal: Principal, item_id: str, *, worker: str, lease_s: float
 ) -> WorkItem:
-    """Extend a claim held by ``worker``; ``Conflict`` when it no longer holds it."""
+    """Renew a claim held by ``worker`` to now + ``lease_s``; ``Conflict`` when it no longer
+    holds it (the claim lapsed and was reclaimed, or the item finished)."""
     item = get_item(db, principal, item_id)
+    now = utcnow()
     with db.session() as s:
         got = s.execute(
             update(WorkItem)
             .where(
-                WorkItem.id == item_id, WorkItem.state == "claimed", WorkItem.claimed_by == worker
+                WorkItem.id == item_id,
+                WorkItem.state == "claimed",
+                WorkItem.claimed_by == worker,
+                WorkItem.claim_expires_at >= now,
             )
-            .values(claim_expires_at=utcnow() + timedelta(seconds=lease_s))
+            .values(claim_expires_at=now + timedelta(seconds=lease_s))
             .execution_options(synchronize_session=False)
         ).rowcount
     if not got:
@@ -202,6 +238,26 @@ def get_item(db: Database, principal: Principal, item_id: str) -> WorkItem:
     return item
 
 
+def live_claim(db: Database, item_id: str) -> str | None:
+    """The item's current claim id when it is claimed and unexpired, else None."""
+    with db.read() as s:
+        item = s.get(WorkItem, item_id)
+    if item is None or item.state != "claimed" or item.claim_expires_at is None:
+        return None
+    return item.claim_id if item.claim_expires_at >= utcnow() else None
+
+
+def recorded_samples(s: Session, item_id: str) -> dict[int, str]:
+    """Sample index -> record status of the item's stored records."""
+    prefix = f"{item_id}/"
+    rows = s.execute(
+        select(RewardRecordRow.sample_key, RewardRecordRow.status).where(
+            RewardRecordRow.sample_key.like(prefix.replace("_", r"\_") + "%", escape="\\")
+        )
+    ).all()
+    return {int(key[len(prefix) :]): status for key, status in rows}
+
+
 def complete(
     db: Database,
     principal: Principal,
@@ -210,23 +266,40 @@ def complete(
     worker: str,
     ok: bool,
     error: str | None = None,
+    cause: Cause = "policy",
 ) -> WorkItem:
-    """Finish an attempt: ``done`` on success; on failure back to ``queued`` while attempts
-    remain, else ``failed``. ``Conflict`` when ``worker`` no longer holds the claim."""
+    """Finish an attempt. ``ok`` with every sample recorded: ``done``. A failure of the
+    policy or the verifier uses an attempt (``failed`` after ``max_attempts``, else back to
+    the queue); ``cause="infrastructure"`` re-queues without using one. ``ok`` while samples
+    lack records counts as a verifier failure (the records are what a job delivers).
+
+    Raises:
+        NotFound: unknown item. Conflict: ``worker`` no longer holds the claim.
+    """
     item = get_item(db, principal, item_id)
     with db.session() as s:
         job = s.get(Job, item.job_id)
+        have = recorded_samples(s, item_id)
+        missing = [i for i in range(job.group_size) if i not in have]
+        if ok and missing:
+            ok, cause = False, "verifier"
+            error = f"completed with samples {missing} unrecorded"
+        attempts = item.attempts + (0 if ok or cause == "infrastructure" else 1)
         if ok:
             new_state = "done"
         else:
-            new_state = "queued" if item.attempts < job.max_attempts else "failed"
+            new_state = "queued" if attempts < job.max_attempts else "failed"
         got = s.execute(
             update(WorkItem)
             .where(
-                WorkItem.id == item_id, WorkItem.state == "claimed", WorkItem.claimed_by == worker
+                WorkItem.id == item_id,
+                WorkItem.state == "claimed",
+                WorkItem.claimed_by == worker,
+                WorkItem.claim_id == item.claim_id,
             )
             .values(
                 state=new_state,
+                attempts=attempts,
                 last_error=(error or None) and error[:2000],
                 claim_expires_at=None,
                 updated_at=utcnow(),
@@ -244,27 +317,99 @@ def complete(
                 "job_id": item.job_id,
                 "work_item_id": item_id,
                 "worker": worker,
+                "claim_id": item.claim_id,
                 "state": new_state,
+                "cause": None if ok else cause,
+                "attempts": attempts,
                 "error": (error or "")[:500],
             },
         )
-        _maybe_finish(s, item.job_id)
+        maybe_finish(s, item.job_id)
     return get_item(db, principal, item_id)
 
 
-def _maybe_finish(s: Session, job_id: str) -> None:
+def requeue_lapsed(s: Session, *, now: datetime | None = None) -> list[WorkItem]:
+    """Put every claimed item whose claim expired back to ``queued`` (no attempt used), in
+    ``s``'s transaction; returns the items as they were (``claim_id``: the lapsed claim)."""
+    now = now or utcnow()
+    rows = (
+        s.execute(
+            select(WorkItem).where(WorkItem.state == "claimed", WorkItem.claim_expires_at < now)
+        )
+        .scalars()
+        .all()
+    )
+    lapsed = []
+    for row in rows:
+        got = s.execute(
+            update(WorkItem)
+            .where(
+                WorkItem.id == row.id,
+                WorkItem.state == "claimed",
+                WorkItem.claim_id == row.claim_id,
+                WorkItem.claim_expires_at < now,
+            )
+            .values(state="queued", claim_expires_at=None, updated_at=now)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if got:
+            audit.record(
+                s,
+                "job.claim_lapsed",
+                details={
+                    "job_id": row.job_id,
+                    "work_item_id": row.id,
+                    "worker": row.claimed_by,
+                    "claim_id": row.claim_id,
+                },
+            )
+            lapsed.append(row)
+    return lapsed
+
+
+def _fail_item(s: Session, item: WorkItem, reason: str) -> None:
+    s.execute(
+        update(WorkItem)
+        .where(WorkItem.id == item.id, WorkItem.state.in_(OPEN_ITEM_STATES))
+        .values(state="failed", last_error=reason, claim_expires_at=None, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    audit.record(
+        s,
+        "job.item_failed",
+        details={"job_id": item.job_id, "work_item_id": item.id, "reason": reason},
+    )
+    maybe_finish(s, item.job_id)
+
+
+def maybe_finish(s: Session, job_id: str) -> None:
+    """End the job when no item is open: ``done`` with every sample recorded, ``partial``
+    with some, ``failed`` with none."""
     open_items = s.execute(
         select(func.count())
         .select_from(WorkItem)
-        .where(WorkItem.job_id == job_id, WorkItem.state.in_(("queued", "claimed")))
+        .where(WorkItem.job_id == job_id, WorkItem.state.in_(OPEN_ITEM_STATES))
     ).scalar_one()
-    if open_items == 0:
-        s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.state.in_(("queued", "running")))
-            .values(state="done", finished_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
+    if open_items:
+        return
+    job = s.get(Job, job_id)
+    expected = len(job.task_ids) * job.group_size
+    recorded = _record_count(s, job_id)
+    state = "done" if recorded >= expected else "partial" if recorded else "failed"
+    s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.state.in_(("queued", "running")))
+        .values(state=state, finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _record_count(s: Session, job_id: str) -> int:
+    return s.execute(
+        select(func.count())
+        .select_from(RewardRecordRow)
+        .where(RewardRecordRow.job_id == job_id, RewardRecordRow.sample_key.not_like("dup/%"))
+    ).scalar_one()
 
 
 def cancel(db: Database, principal: Principal, job_id: str) -> Job:
@@ -293,21 +438,53 @@ def cancel(db: Database, principal: Principal, job_id: str) -> Job:
     return get_job(db, principal, job_id)
 
 
+@dataclass(frozen=True)
+class MissingSample:
+    """A sample of a job without a record, and why (its item's state and last error)."""
+
+    work_item_id: str
+    task_id: str
+    sample_idx: int
+    item_state: str
+    reason: str
+
+
+def missing_samples(s: Session, job: Job, items: Sequence[WorkItem]) -> list[MissingSample]:
+    """The job's samples that have no record yet."""
+    keys = set(
+        s.execute(select(RewardRecordRow.sample_key).where(RewardRecordRow.job_id == job.id))
+        .scalars()
+        .all()
+    )
+    out = []
+    for item in items:
+        for i in range(job.group_size):
+            if sample_key(item.id, i) in keys:
+                continue
+            reason = item.last_error or {
+                "queued": "not run yet",
+                "claimed": "running",
+                "cancelled": "job cancelled",
+            }.get(item.state, item.state)
+            out.append(MissingSample(item.id, item.task_id, i, item.state, reason))
+    return out
+
+
 def progress(db: Database, job_id: str) -> dict[str, Any]:
-    """Item counts by state, records written, and the mean reward of ok records."""
+    """Item counts by state, records by status, the mean reward of ok records, expected and
+    recorded sample counts, and the samples still missing (with why)."""
     with db.read() as s:
-        by_state = dict(
-            s.execute(
-                select(WorkItem.state, func.count())
-                .where(WorkItem.job_id == job_id)
-                .group_by(WorkItem.state)
-            ).all()
-        )
+        job = s.get(Job, job_id)
+        items = s.execute(select(WorkItem).where(WorkItem.job_id == job_id)).scalars().all()
         rec = s.execute(
             select(RewardRecordRow.status, func.count(), func.avg(RewardRecordRow.reward))
             .where(RewardRecordRow.job_id == job_id)
             .group_by(RewardRecordRow.status)
         ).all()
+        missing = missing_samples(s, job, items) if job is not None else []
+    by_state: dict[str, int] = {}
+    for item in items:
+        by_state[item.state] = by_state.get(item.state, 0) + 1
     records = {status: n for status, n, _ in rec}
     mean = next((avg for status, _, avg in rec if status == "ok"), None)
     return {
@@ -316,4 +493,6 @@ def progress(db: Database, job_id: str) -> dict[str, Any]:
         },
         "records": records,
         "mean_reward": mean,
+        "expected_records": len(items) * (job.group_size if job else 0),
+        "missing": [m.__dict__ for m in missing[:1000]],
     }

@@ -349,7 +349,13 @@ class ClaimIn(_Model):
     """``POST /v1/jobs/{id}/claim``."""
 
     worker: str = Field(min_length=1, max_length=200)
-    lease_s: float = Field(600.0, gt=0, le=24 * 3600)
+    lease_s: float = Field(
+        60.0,
+        gt=0,
+        le=24 * 3600,
+        description="Seconds the claim holds without a heartbeat; when it lapses, the "
+        "claim's episodes are abandoned, their sandboxes released and the item re-queued.",
+    )
 
 
 class WorkItemOut(_Model):
@@ -365,6 +371,8 @@ class WorkItemOut(_Model):
     last_error: str | None
     created_at: datetime
     group_size: int
+    claim_id: str | None = None
+    claims: int = 0
     suite: str
     policy: dict[str, Any]
 
@@ -375,3 +383,8 @@ class CompleteIn(_Model):
     worker: str = Field(min_length=1, max_length=200)
     ok: bool
     error: str | None = Field(None, max_length=10000)
+    cause: Literal["policy", "verifier", "infrastructure"] = Field(
+        "policy",
+        description="Why a failed attempt failed: only the policy's or the verifier's failures "
+        "use up an attempt; ``infrastructure`` re-queues the item without using one.",
+    )

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Response, status
 
 from service import episodes, scheduler
 from service.api.deps import Ctx, CurrentPrincipal
+from service.api.problems import error_responses
 from service.context import ServiceContext
 from service.db.models import Job, WorkItem
 from service.errors import CrucibleError, InvalidRequest
@@ -50,6 +51,8 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
         last_error=item.last_error,
         created_at=item.created_at,
         group_size=job.group_size,
+        claim_id=item.claim_id,
+        claims=item.claims,
         suite=job.suite,
         policy=job.policy,
     )
@@ -66,7 +69,12 @@ def _prepare(ctx: ServiceContext, suite: str, task_ids: list[str]) -> None:
             log.warning("preparing %s/%s failed: %s", suite, task_id, e.detail)
 
 
-@router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+@router.post(
+    "/jobs",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    responses=error_responses(404),
+)
 def create_job(body: JobIn, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     """Create a job (every task of ``suite`` unless ``task_ids``); images build and warm
     pools fill in the background."""
@@ -95,16 +103,18 @@ def create_job(body: JobIn, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     return job_out(ctx, job)
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut)
+@router.get("/jobs/{job_id}", response_model=JobOut, responses=error_responses(404))
 def get_job(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
-    """A job and its progress (items by state, records by status, mean reward)."""
+    """A job and its progress: items by state, records by status, mean reward, expected
+    records and the samples still missing (``progress.missing``: item, task, sample, why).
+    A job ends ``done`` only with every sample recorded, else ``partial`` or ``failed``."""
     return job_out(ctx, scheduler.get_job(ctx.db, principal, job_id))
 
 
 @router.post(
     "/jobs/{job_id}/claim",
     response_model=WorkItemOut,
-    responses={204: {"description": "nothing to claim now"}},
+    responses={204: {"description": "nothing to claim now"}, **error_responses(404, 409)},
 )
 def claim(job_id: str, body: ClaimIn, ctx: Ctx, principal: CurrentPrincipal) -> Response:
     """Claim the next work item (204 when none is claimable now)."""
@@ -115,7 +125,7 @@ def claim(job_id: str, body: ClaimIn, ctx: Ctx, principal: CurrentPrincipal) -> 
     return Response(item_out(item, job).model_dump_json(), media_type="application/json")
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=JobOut)
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409))
 def cancel(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     """Cancel a job's queued items; its warm-pool demand is dropped."""
     job = scheduler.cancel(ctx.db, principal, job_id)
@@ -125,21 +135,37 @@ def cancel(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     return job_out(ctx, job)
 
 
-@router.post("/work-items/{item_id}/heartbeat", response_model=WorkItemOut)
+@router.post(
+    "/work-items/{item_id}/heartbeat",
+    response_model=WorkItemOut,
+    responses=error_responses(404, 409),
+)
 def heartbeat(item_id: str, body: ClaimIn, ctx: Ctx, principal: CurrentPrincipal) -> WorkItemOut:
-    """Extend a claim by ``lease_s``."""
+    """Renew a claim to now + ``lease_s`` (409 once it lapsed: the item was re-queued and
+    the claim's episodes abandoned)."""
     item = scheduler.heartbeat(ctx.db, principal, item_id, worker=body.worker, lease_s=body.lease_s)
     return item_out(item, scheduler.get_job(ctx.db, principal, item.job_id))
 
 
-@router.post("/work-items/{item_id}/complete", response_model=WorkItemOut)
+@router.post(
+    "/work-items/{item_id}/complete",
+    response_model=WorkItemOut,
+    responses=error_responses(404, 409),
+)
 def complete(item_id: str, body: CompleteIn, ctx: Ctx, principal: CurrentPrincipal) -> WorkItemOut:
-    """Finish an attempt: done, or back to the queue (bounded retries), or failed."""
+    """Finish an attempt: done (every sample recorded), or back to the queue, or failed;
+    only ``cause`` policy or verifier uses an attempt."""
     item = scheduler.complete(
-        ctx.db, principal, item_id, worker=body.worker, ok=body.ok, error=body.error
+        ctx.db,
+        principal,
+        item_id,
+        worker=body.worker,
+        ok=body.ok,
+        error=body.error,
+        cause=body.cause,
     )
     job = scheduler.get_job(ctx.db, principal, item.job_id)
-    if item.state in ("done", "failed"):
+    if item.state in ("done", "failed") and job.state in scheduler.FINAL_JOB_STATES:
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
             task = episodes.resolve_task(ctx, item.task_id, job.suite)
             ctx.pools.drop_demand(template_name(task))

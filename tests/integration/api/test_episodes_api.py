@@ -277,7 +277,7 @@ def test_episode_survives_a_control_plane_restart(stack: Stack) -> None:
     # episode killed mid-verification stayed "verifying" forever.
     from sqlalchemy import update
 
-    from service import episodes
+    from service import recovery
     from service.db.models import Episode
 
     ep = start(stack)["episodes"][0]
@@ -288,7 +288,7 @@ def test_episode_survives_a_control_plane_restart(stack: Stack) -> None:
     with stack.ctx.db.session() as s:
         s.execute(update(Episode).where(Episode.id == ep["id"]).values(state="verifying"))
     assert_problem(stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ), 409)
-    assert episodes.recover(stack.ctx) == 1
+    assert recovery.recover_on_start(stack.ctx)["reverify"] == 1
     assert run(stack.alice, ep["sandbox_id"], "cat /app/top_words.tsv | wc -l")["stdout"] == "20\n"
     assert verify(stack, ep)["reward"] == 1.0
 

@@ -1,0 +1,289 @@
+"""``Idempotency-Key``: a retried request gets the first request's answer, not a second effect.
+
+Workers retry through control-plane restarts; a request whose answer was lost (the server
+died after committing, or the connection dropped) must not lease a second sandbox, claim a
+second item or start a second group. A client sends ``Idempotency-Key: <1-200 visible
+ASCII characters>`` on the calls listed in ``KEYED`` and the same key on every retry.
+
+The first request inserts a ``pending`` row (per tenant and key, with a sha256 of method,
+path and body, and this process's boot id), runs, and stores its status and body; a replay
+of a ``done`` key gets them back byte for byte with ``Idempotent-Replayed: true``. A replay
+while the first still runs gets 503 with ``Retry-After: 1``; a ``pending`` row of an earlier
+boot (the server died mid-request) is taken over and the request runs again, which the keyed
+operations tolerate (start reuses the claim's live episodes, verify and complete are
+idempotent on their own; a re-run claim or lease at worst holds one extra claim or sandbox,
+which its lease returns). The same key with a different request is a 422. Answers that may
+change on a retry (409, 429, 5xx) are not kept. Keys are kept ``RETAIN_S`` seconds.
+
+Exec is not keyed: a command runs again when its request is retried (documented in
+docs/architecture.md); the SDK does not retry it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, update
+from sqlalchemy.exc import IntegrityError
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import tenants
+from service.db.engine import Database
+from service.db.models import IdempotencyKey, utcnow
+from service.errors import AuthError
+
+HEADER = "idempotency-key"
+BOOT_ID = uuid.uuid4().hex  # this process; a pending row of another boot was cut off
+RETAIN_S = 24 * 3600
+KEPT_STATUSES = frozenset({200, 201, 204, 400, 404, 422})
+KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
+KEYED = tuple(
+    (method, re.compile(pattern))
+    for method, pattern in (
+        ("POST", r"^/v1/sandboxes$"),
+        ("POST", r"^/v1/episodes$"),
+        ("POST", r"^/v1/episodes/[^/]+/verify$"),
+        ("POST", r"^/v1/jobs$"),
+        ("POST", r"^/v1/jobs/[^/]+/claim$"),
+        ("POST", r"^/v1/work-items/[^/]+/complete$"),
+    )
+)
+
+
+def keyed(method: str, path: str) -> bool:
+    """True when ``method path`` honours ``Idempotency-Key``."""
+    return any(m == method and p.match(path) for m, p in KEYED)
+
+
+def _problem(status: int, title: str, detail: str, **extra: Any) -> tuple[int, bytes]:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+    return status, json.dumps(body).encode()
+
+
+class _Outcome:
+    """What ``begin`` decided: run the request, replay a stored answer, or refuse."""
+
+    def __init__(
+        self, action: str, status: int = 0, body: bytes = b"", media_type: str = ""
+    ) -> None:
+        self.action, self.status, self.body, self.media_type = action, status, body, media_type
+
+
+def begin(db: Database, tenant_id: str, key: str, scope: str, digest: str) -> _Outcome:
+    """Claim ``key`` for this request, or say how to answer a replay."""
+    for _ in range(3):
+        with db.session() as s:
+            row = s.get(IdempotencyKey, (tenant_id, key))
+            if row is None:
+                try:
+                    with s.begin_nested():
+                        s.add(
+                            IdempotencyKey(
+                                tenant_id=tenant_id,
+                                key=key,
+                                scope=scope,
+                                request_sha256=digest,
+                                state="pending",
+                                owner=BOOT_ID,
+                            )
+                        )
+                except IntegrityError:
+                    continue  # a racing first request: read it again
+                return _Outcome("run")
+            if row.request_sha256 != digest:
+                status, body = _problem(
+                    422,
+                    "Idempotency-Key reused",
+                    f"Idempotency-Key {key!r} was first used for another request ({row.scope})",
+                    field="Idempotency-Key",
+                )
+                return _Outcome("answer", status, body, "application/problem+json")
+            if row.state == "done":
+                resp = row.response or {}
+                return _Outcome(
+                    "replay",
+                    row.status_code or 200,
+                    resp.get("body", "").encode(),
+                    resp.get("media_type", "application/json"),
+                )
+            if row.owner == BOOT_ID:
+                status, body = _problem(
+                    503, "Request in progress", f"the request with key {key!r} is still running"
+                )
+                return _Outcome("busy", status, body, "application/problem+json")
+            got = s.execute(
+                update(IdempotencyKey)
+                .where(
+                    IdempotencyKey.tenant_id == tenant_id,
+                    IdempotencyKey.key == key,
+                    IdempotencyKey.owner == row.owner,
+                    IdempotencyKey.state == "pending",
+                )
+                .values(owner=BOOT_ID)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if got:
+                return _Outcome("run")
+    status, body = _problem(503, "Request in progress", f"key {key!r} is contended")
+    return _Outcome("busy", status, body, "application/problem+json")
+
+
+def finish(
+    db: Database, tenant_id: str, key: str, *, status: int, body: bytes, media_type: str
+) -> None:
+    """Store the answer of a request that ran (or forget the key when it may change)."""
+    with db.session() as s:
+        if status not in KEPT_STATUSES:
+            s.execute(
+                delete(IdempotencyKey).where(
+                    IdempotencyKey.tenant_id == tenant_id,
+                    IdempotencyKey.key == key,
+                    IdempotencyKey.owner == BOOT_ID,
+                )
+            )
+            return
+        s.execute(
+            update(IdempotencyKey)
+            .where(
+                IdempotencyKey.tenant_id == tenant_id,
+                IdempotencyKey.key == key,
+                IdempotencyKey.owner == BOOT_ID,
+            )
+            .values(
+                state="done",
+                status_code=status,
+                response={"body": body.decode("utf-8", "replace"), "media_type": media_type},
+                finished_at=utcnow(),
+            )
+            .execution_options(synchronize_session=False)
+        )
+
+
+def prune(db: Database) -> int:
+    """Forget keys older than ``RETAIN_S``; returns how many."""
+    with db.session() as s:
+        return s.execute(
+            delete(IdempotencyKey).where(
+                IdempotencyKey.created_at < utcnow() - timedelta(seconds=RETAIN_S)
+            )
+        ).rowcount
+
+
+def _tenant(db: Database, authorization: str) -> str | None:
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    try:
+        with db.read() as s:
+            return tenants.authenticate(s, token.strip()).tenant_id
+    except AuthError:
+        return None  # the route answers 401 (and audits it)
+
+
+class IdempotencyMiddleware:
+    """Pure ASGI: applies ``begin``/``finish`` around the ``KEYED`` routes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not keyed(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = headers.get(HEADER)
+        if key is None:
+            await self.app(scope, receive, send)
+            return
+        if not KEY_RE.match(key):
+            status, body = _problem(
+                400,
+                "Bad Idempotency-Key",
+                "Idempotency-Key must be 1 to 200 visible ASCII characters",
+                field="Idempotency-Key",
+            )
+            await _answer(send, status, body, "application/problem+json")
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        db = scope["app"].state.ctx.db
+        tenant_id = await run_in_threadpool(_tenant, db, headers.get("authorization", ""))
+        replayed = False
+
+        async def replay_receive() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        if tenant_id is None:
+            await self.app(scope, replay_receive, send)
+            return
+        digest = hashlib.sha256(
+            scope["method"].encode() + b" " + scope["path"].encode() + b"\n" + raw
+        ).hexdigest()
+        label = f"{scope['method']} {scope['path']}"[:300]
+        outcome = await run_in_threadpool(begin, db, tenant_id, key, label, digest)
+        if outcome.action != "run":
+            extra = [(b"idempotent-replayed", b"true")] if outcome.action == "replay" else []
+            if outcome.action == "busy":
+                extra.append((b"retry-after", b"1"))
+            await _answer(send, outcome.status, outcome.body, outcome.media_type, extra)
+            return
+        captured: dict[str, Any] = {"status": 500, "media_type": "application/json", "body": []}
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                captured["status"] = message["status"]
+                for k, v in message.get("headers", []):
+                    if k.lower() == b"content-type":
+                        captured["media_type"] = v.decode("latin-1")
+            elif message["type"] == "http.response.body":
+                captured["body"].append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, replay_receive, capture)
+        finally:
+            await run_in_threadpool(
+                finish,
+                db,
+                tenant_id,
+                key,
+                status=captured["status"],
+                body=b"".join(captured["body"]),
+                media_type=captured["media_type"],
+            )
+
+
+async def _answer(
+    send: Send,
+    status: int,
+    body: bytes,
+    media_type: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", media_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+                *(extra or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

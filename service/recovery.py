@@ -1,0 +1,213 @@
+"""Reclaiming abandoned work: lapsed claims, ownerless episodes, leftovers of a crash.
+
+Two entry points:
+
+- ``reclaim(ctx)`` runs on every pool tick (``PoolManager.add_maintenance``). Claimed work
+  items whose claim expired go back to the queue (no attempt used); every ``running``
+  episode whose owner is gone is ``abandoned`` and its sandbox released (quota returned).
+  An episode's owner is its claim while that claim is its work item's live claim; an ad-hoc
+  episode's owner is its sandbox lease, so it is abandoned when that lease ended.
+- ``recover_on_start(ctx)`` runs once at start-up, after ``PoolManager.reconcile`` (which
+  adopts live containers and thaws the ones a crash left paused). Episodes cut off mid-
+  verification go back to ``running`` (their worker verifies again, idempotently);
+  sandboxes an interrupted episode start left behind (a prepared sandbox, or fork members
+  that never became episodes) are released; snapshot rows of interrupted group starts and
+  snapshot images without a live row (a commit cut off before its row was written) are
+  removed. Then ``reclaim`` runs once.
+
+After both, no episode is ``running`` or ``verifying`` without a live owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import docker
+from sqlalchemy import and_, or_, select, update
+
+from service import audit, sandboxes, scheduler
+from service.context import ServiceContext
+from service.db.models import Episode, Sandbox, Snapshot, WorkItem, utcnow
+from service.errors import Conflict, CrucibleError, NotFound
+from service.pool import ENDED_STATES
+from service.tenants import Principal
+
+log = logging.getLogger("crucible.recovery")
+
+
+def _system(tenant_id: str) -> Principal:
+    """The control plane acting on a tenant's behalf (audited as key ``system``)."""
+    return Principal(tenant_id, "system", frozenset({"admin"}))
+
+
+def _release(ctx: ServiceContext, tenant_id: str | None, sandbox_id: str) -> None:
+    if tenant_id is None:
+        return
+    with contextlib.suppress(Conflict, NotFound):  # ended already, or mid-snapshot (next tick)
+        sandboxes.release(ctx, _system(tenant_id), sandbox_id)
+
+
+def reclaim(ctx: ServiceContext) -> dict[str, int]:
+    """Re-queue lapsed claims and abandon ownerless running episodes (releasing their
+    sandboxes). Returns counts: ``requeued`` items, ``abandoned`` episodes."""
+    now = utcnow()
+    with ctx.db.session() as s:
+        lapsed = scheduler.requeue_lapsed(s, now=now)
+    owner_gone = or_(
+        and_(
+            Episode.claim_id.is_not(None),
+            or_(
+                WorkItem.id.is_(None),
+                WorkItem.state != "claimed",
+                WorkItem.claim_id != Episode.claim_id,
+                WorkItem.claim_expires_at < now,
+            ),
+        ),
+        and_(Episode.claim_id.is_(None), Sandbox.state.in_(ENDED_STATES)),
+        Sandbox.id.is_(None),
+    )
+    with ctx.db.read() as s:
+        rows = s.execute(
+            select(Episode.id, Episode.tenant_id, Episode.sandbox_id, Episode.claim_id)
+            .outerjoin(WorkItem, WorkItem.id == Episode.work_item_id)
+            .outerjoin(Sandbox, Sandbox.id == Episode.sandbox_id)
+            .where(Episode.state == "running", owner_gone)
+        ).all()
+    abandoned = 0
+    for ep_id, tenant_id, sandbox_id, claim_id in rows:
+        with ctx.db.session() as s:
+            got = s.execute(
+                update(Episode)
+                .where(Episode.id == ep_id, Episode.state == "running")
+                .values(state="abandoned", ended_at=utcnow())
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if not got:
+                continue
+            audit.record(
+                s,
+                "episode.abandon",
+                tenant_id=tenant_id,
+                sandbox_id=sandbox_id,
+                details={"episode_id": ep_id, "claim_id": claim_id, "reason": "owner gone"},
+            )
+        abandoned += 1
+        _release(ctx, tenant_id, sandbox_id)
+    if lapsed or abandoned:
+        log.info("reclaimed %d lapsed claims, abandoned %d episodes", len(lapsed), abandoned)
+    return {"requeued": len(lapsed), "abandoned": abandoned}
+
+
+def recover_on_start(ctx: ServiceContext) -> dict[str, int]:
+    """Finish what a crash interrupted (see the module docstring). Returns counts."""
+    counts = {"reverify": _verifying_to_running(ctx)}
+    counts["orphan_sandboxes"] = _release_orphan_sandboxes(ctx)
+    counts["snapshots"] = _drop_interrupted_snapshots(ctx)
+    counts["snapshot_images"] = _remove_rowless_snapshot_images(ctx)
+    counts.update(reclaim(ctx))
+    with ctx.db.session() as s:
+        audit.record(
+            s, "deployment.recover", details={"deployment": ctx.settings.deployment, **counts}
+        )
+    return counts
+
+
+def _verifying_to_running(ctx: ServiceContext) -> int:
+    with ctx.db.session() as s:
+        ids = (
+            s.execute(
+                select(Episode.id)
+                .join(Sandbox, Sandbox.id == Episode.sandbox_id)
+                .where(Episode.state == "verifying", Sandbox.deployment == ctx.settings.deployment)
+            )
+            .scalars()
+            .all()
+        )
+        if ids:
+            s.execute(
+                update(Episode)
+                .where(Episode.id.in_(ids), Episode.state == "verifying")
+                .values(state="running")
+                .execution_options(synchronize_session=False)
+            )
+            audit.record(s, "episode.recover", details={"episodes": list(ids)})
+    return len(ids)
+
+
+def _release_orphan_sandboxes(ctx: ServiceContext) -> int:
+    """Leased sandboxes made by an episode start that no episode row names."""
+    with ctx.db.read() as s:
+        rows = (
+            s.execute(
+                select(Sandbox)
+                .outerjoin(Episode, Episode.sandbox_id == Sandbox.id)
+                .where(
+                    Sandbox.deployment == ctx.settings.deployment,
+                    Sandbox.state.in_(("leased", "snapshotting")),
+                    Episode.id.is_(None),
+                )
+            )
+            .scalars()
+            .all()
+        )
+    orphans = [r for r in rows if (r.metadata_ or {}).get("episode_role") in ("prepare", "member")]
+    for row in orphans:
+        _release(ctx, row.tenant_id, row.id)
+    return len(orphans)
+
+
+def _drop_interrupted_snapshots(ctx: ServiceContext) -> int:
+    """Prepared snapshots of group starts that a crash kept from being deleted."""
+    with ctx.db.read() as s:
+        rows = s.execute(
+            select(Snapshot, Sandbox.metadata_)
+            .join(Sandbox, Sandbox.id == Snapshot.sandbox_id)
+            .where(Snapshot.deployment == ctx.settings.deployment, Snapshot.deleted_at.is_(None))
+        ).all()
+    dropped = 0
+    for snap, meta in rows:
+        if (meta or {}).get("episode_role") != "prepare":
+            continue
+        with contextlib.suppress(NotFound):
+            sandboxes.delete_snapshot(ctx, _system(snap.tenant_id), snap.id)
+            dropped += 1
+    return dropped
+
+
+def _remove_rowless_snapshot_images(ctx: ServiceContext) -> int:
+    """Snapshot tags of this deployment with no live snapshot row (a commit that finished
+    after its request died). Read through the engine's image list; an engine that cannot be
+    asked is logged and skipped (the next start tries again)."""
+    repo = f"{ctx.settings.image_prefix}-snapshots/{ctx.settings.deployment}".lower()
+    try:
+        client = (
+            docker.DockerClient(base_url=ctx.settings.docker_host)
+            if ctx.settings.docker_host
+            else docker.from_env()
+        )
+        tags = [t for img in client.images.list(name=repo) for t in img.tags]
+        client.close()
+    except docker.errors.DockerException as e:
+        log.warning("listing snapshot images of %s failed: %s", repo, e)
+        return 0
+    with ctx.db.read() as s:
+        live = set(
+            s.execute(
+                select(Snapshot.id).where(
+                    Snapshot.deployment == ctx.settings.deployment, Snapshot.deleted_at.is_(None)
+                )
+            )
+            .scalars()
+            .all()
+        )
+    removed = 0
+    for tag in tags:
+        if tag.rsplit(":", 1)[-1] in live:
+            continue
+        try:
+            ctx.runtime.remove_image(tag)
+            removed += 1
+        except CrucibleError as e:  # still used by a container: prune removes it later
+            log.info("snapshot image %s kept: %s", tag, e)
+    return removed
