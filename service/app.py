@@ -130,9 +130,13 @@ def create_app(
         lifespan=lifespan,
     )
     problems.install(app)
-    for r in (health, sandboxes, snapshots, templates_pools, tasks, jobs, rewards, audit):
-        app.include_router(r.router)
-    problems.install_openapi(app)
+    routers = [
+        r.router
+        for r in (health, sandboxes, snapshots, templates_pools, tasks, jobs, rewards, audit)
+    ]
+    for router in routers:
+        app.include_router(router)
+    problems.install_openapi(app, routers)
     app.add_middleware(IdempotencyMiddleware)  # inside the limits: it reads bounded bodies
     app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)
     app.add_middleware(MetricsMiddleware)

@@ -19,7 +19,15 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    responses={
+        503: {
+            "description": "The database or the engine does not answer",
+            "content": {"application/json": {}},
+        }
+    },
+)
 def readyz(ctx: Ctx) -> JSONResponse:
     """Ready when the database and the Docker engine answer (503 otherwise)."""
     checks = {"database": ctx.db.ping(), "docker": ctx.runtime.ping()}

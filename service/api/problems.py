@@ -165,8 +165,9 @@ def _calls(dependant: Any) -> set[Any]:
     return found
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Make ``/openapi.json`` declare every error response as problem+json.
+def install_openapi(app: FastAPI, routers: list[Any]) -> None:
+    """Make ``/openapi.json`` declare every error response as problem+json (``routers``:
+    the ``APIRouter``s included in ``app``, whose routes are inspected).
 
     Per route: 401 when it authenticates (``get_principal`` among its dependencies), 403
     when it needs the admin scope, 422 (problem+json, replacing FastAPI's own shape) when it
@@ -189,7 +190,7 @@ def install_openapi(app: FastAPI) -> None:
         components["Problem"] = Problem.model_json_schema()
         for name in ("HTTPValidationError", "ValidationError"):
             components.pop(name, None)
-        for route in app.routes:
+        for route in (r for router in routers for r in router.routes):
             if not isinstance(route, APIRoute) or not route.include_in_schema:
                 continue
             calls = _calls(route.dependant)

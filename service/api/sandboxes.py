@@ -99,7 +99,12 @@ def _observe(res: ExecResult) -> None:
     EXEC_LATENCY.observe(res.duration_ms / 1000)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=SandboxOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SandboxOut,
+    responses=error_responses(404, 409, 429, 502, 503),
+)
 def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
     """Lease a sandbox from the template's warm pool (a cold start only when it is empty)."""
     limits = body.limits
@@ -122,7 +127,7 @@ def list_(ctx: Ctx, principal: CurrentPrincipal, include_ended: bool = False) ->
     return SandboxList(sandboxes=[sandbox_out(r) for r in rows])
 
 
-@router.get("/{sandbox_id}", response_model=SandboxOut)
+@router.get("/{sandbox_id}", response_model=SandboxOut, responses=error_responses(404))
 def get(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
     """One sandbox: state, limits, lease expiry."""
     return sandbox_out(sandboxes.get_owned(ctx, principal, sandbox_id))
@@ -131,7 +136,10 @@ def get(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
 @router.post(
     "/{sandbox_id}/exec",
     response_model=ExecOut,
-    responses={200: {"content": {"application/x-ndjson": {}}}},
+    responses={
+        200: {"content": {"application/x-ndjson": {}}},
+        **error_responses(404, 409, 502),
+    },
 )
 def exec_(
     sandbox_id: str,
@@ -182,7 +190,9 @@ def _ndjson(items: Iterator[ExecChunk | ExecResult], *, b64: bool) -> Iterator[b
         yield (json.dumps(line) + "\n").encode()
 
 
-@router.post("/{sandbox_id}/heartbeat", response_model=SandboxOut)
+@router.post(
+    "/{sandbox_id}/heartbeat", response_model=SandboxOut, responses=error_responses(404, 409)
+)
 def heartbeat(
     sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal, body: HeartbeatIn | None = None
 ) -> SandboxOut:
@@ -191,14 +201,17 @@ def heartbeat(
     return sandbox_out(sandboxes.heartbeat(ctx, principal, sandbox_id, ttl_s=ttl))
 
 
-@router.delete("/{sandbox_id}", response_model=SandboxOut)
+@router.delete("/{sandbox_id}", response_model=SandboxOut, responses=error_responses(404, 409, 502))
 def release(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
     """Release the lease; the sandbox is destroyed, never handed to anyone else."""
     return sandbox_out(sandboxes.release(ctx, principal, sandbox_id))
 
 
 @router.post(
-    "/{sandbox_id}/snapshots", status_code=status.HTTP_201_CREATED, response_model=SnapshotOut
+    "/{sandbox_id}/snapshots",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SnapshotOut,
+    responses=error_responses(404, 409, 429, 502),
 )
 def snapshot(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SnapshotOut:
     """Freeze the sandbox's filesystem; fork it with ``POST /v1/snapshots/{id}/fork``."""

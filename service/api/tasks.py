@@ -6,6 +6,7 @@ from fastapi import APIRouter, status
 
 from service import episodes
 from service.api.deps import Ctx, CurrentPrincipal
+from service.api.problems import error_responses
 from service.db.models import Episode
 from service.rewards import RewardRecord
 from service.schemas import EpisodeGroupOut, EpisodeIn, EpisodeOut, TaskList, TaskOut, VerifyIn
@@ -62,13 +63,18 @@ def list_tasks(
     )
 
 
-@router.get("/tasks/{suite}/{task_id}", response_model=TaskOut)
+@router.get("/tasks/{suite}/{task_id}", response_model=TaskOut, responses=error_responses(404))
 def get_task(suite: str, task_id: str, ctx: Ctx, _: CurrentPrincipal) -> TaskOut:
     """One task."""
     return task_out(episodes.resolve_task(ctx, task_id, suite))
 
 
-@router.post("/episodes", status_code=status.HTTP_201_CREATED, response_model=EpisodeGroupOut)
+@router.post(
+    "/episodes",
+    status_code=status.HTTP_201_CREATED,
+    response_model=EpisodeGroupOut,
+    responses=error_responses(404, 409, 429, 502, 503),
+)
 def start_episodes(body: EpisodeIn, ctx: Ctx, principal: CurrentPrincipal) -> EpisodeGroupOut:
     """Lease and set up ``group_size`` episodes of a task from one identical state."""
     started = episodes.start(
@@ -88,14 +94,18 @@ def start_episodes(body: EpisodeIn, ctx: Ctx, principal: CurrentPrincipal) -> Ep
     )
 
 
-@router.get("/episodes/{episode_id}", response_model=EpisodeOut)
+@router.get("/episodes/{episode_id}", response_model=EpisodeOut, responses=error_responses(404))
 def get_episode(episode_id: str, ctx: Ctx, principal: CurrentPrincipal) -> EpisodeOut:
     """One episode."""
     ep = episodes.get(ctx, principal, episode_id)
     return episode_out(ep, episodes.resolve_task(ctx, ep.task_id, ep.suite))
 
 
-@router.post("/episodes/{episode_id}/verify", response_model=RewardRecord)
+@router.post(
+    "/episodes/{episode_id}/verify",
+    response_model=RewardRecord,
+    responses=error_responses(404, 409, 502),
+)
 def verify(episode_id: str, body: VerifyIn, ctx: Ctx, principal: CurrentPrincipal) -> RewardRecord:
     """Verify the episode in an isolated sandbox and store its reward record."""
     return episodes.verify(ctx, principal, episode_id, trajectory=body.model_dump())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import AdminPrincipal, Ctx, CurrentPrincipal
+from service.api.problems import error_responses
 from service.schemas import PoolIn, PoolOut, TemplateOut
 
 router = APIRouter(prefix="/v1", tags=["templates and pools"])
@@ -25,7 +26,7 @@ def pools(ctx: Ctx, _: CurrentPrincipal) -> list[PoolOut]:
     return [PoolOut(template=k, **v) for k, v in sorted(ctx.pools.levels().items())]
 
 
-@router.get("/pools/{template}", response_model=PoolOut)
+@router.get("/pools/{template}", response_model=PoolOut, responses=error_responses(404))
 def pool(template: str, ctx: Ctx, _: CurrentPrincipal) -> PoolOut:
     """Warm-pool level of one template."""
     ctx.templates.get(template)
@@ -33,7 +34,7 @@ def pool(template: str, ctx: Ctx, _: CurrentPrincipal) -> PoolOut:
     return PoolOut(template=template, **lv)
 
 
-@router.put("/pools/{template}", response_model=PoolOut)
+@router.put("/pools/{template}", response_model=PoolOut, responses=error_responses(404))
 def set_pool(template: str, body: PoolIn, ctx: Ctx, admin: AdminPrincipal) -> PoolOut:
     """Set the warm-pool target size (admin); the refill loop acts at once."""
     ctx.pools.set_target(template, body.target_size, tenant_id=admin.tenant_id, key_id=admin.key_id)
