@@ -1,4 +1,8 @@
-"""Prometheus metrics of the control plane (``GET /metrics``)."""
+"""Prometheus metrics of the control plane (``GET /metrics``).
+
+``/metrics`` needs no key (as scrapers expect), so no metric carries a tenant id or anything
+else that identifies a tenant: labels are routes, templates, states and outcomes only.
+"""
 
 from __future__ import annotations
 
@@ -39,8 +43,7 @@ EXEC_LATENCY = Histogram(
 )
 QUOTA_REFUSALS = Counter(
     "crucible_quota_refusals_total",
-    "Leases refused over quota.",
-    ["tenant"],
+    "Leases refused over quota (all tenants; per tenant in the audit log, quota.refused).",
     registry=REGISTRY,
 )
 AUTH_FAILURES = Counter("crucible_auth_failures_total", "Rejected API keys.", registry=REGISTRY)

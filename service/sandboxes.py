@@ -165,7 +165,7 @@ def lease(
                     )
                 )
     except (QuotaExceeded, QuotaNeverFits) as e:
-        QUOTA_REFUSALS.labels(principal.tenant_id).inc()
+        QUOTA_REFUSALS.inc()
         _audit_refusal(ctx, principal, need, e, template=template)
         raise
     ctx.pools.wake()  # after commit: the refill loop must not contend with this transaction

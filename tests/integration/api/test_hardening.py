@@ -152,3 +152,38 @@ def test_cpus_the_engine_refuses_are_refused_before_anything_is_used(stack: Stac
         sb = lease(stack.alice, "tiny", limits={"cpus": cpus})
         assert sb["cpus"] == cpus
         stack.alice.delete(f"/v1/sandboxes/{sb['id']}")
+
+
+def test_pools_templates_and_metrics_tell_nothing_of_other_tenants(stack: Stack) -> None:
+    # Regression: GET /v1/pools showed every tenant's leased counts and the task templates
+    # others ran; /metrics (no key) listed tenant ids.
+    secret = "task-private-suite-secret-task"
+    tiny = stack.ctx.templates.get("tiny")
+    stack.ctx.templates.register(tiny.model_copy(update={"name": secret}))
+    bobs = [lease(stack.bob, secret)["id"], lease(stack.bob, "tiny")["id"]]
+    try:
+        r = stack.bob.post(
+            "/v1/sandboxes",
+            json={"template": "tiny", "limits": {"cpus": 0.02, "memory_mb": 200_000}},
+        )
+        assert_problem(r, 400, "quota")  # a refusal counted in the metrics
+        for client, sees in ((stack.alice, False), (stack.bob, True), (stack.admin, True)):
+            pools = {p["template"]: p for p in client.get("/v1/pools").json()}
+            names = {t["name"] for t in client.get("/v1/templates").json()}
+            assert (secret in pools, secret in names) == (sees, sees)
+            r = client.get(f"/v1/pools/{secret}")
+            assert r.status_code == (200 if sees else 404), r.text
+            if sees:
+                assert r.json()["leased"] == 1
+        assert {p["template"]: p["leased"] for p in stack.alice.get("/v1/pools").json()}[
+            "tiny"
+        ] == 0
+        assert stack.bob.get("/v1/pools/tiny").json()["leased"] == 1
+        text = stack.make_client().get("/metrics").text
+        assert "crucible_quota_refusals_total" in text
+        for tenant in ("alice", "bob", "admin"):
+            assert tenant not in text
+        assert "tenant=" not in text
+    finally:
+        for sid in bobs:
+            stack.bob.delete(f"/v1/sandboxes/{sid}")
