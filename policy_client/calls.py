@@ -30,7 +30,9 @@ from service.schemas import (
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP call. ``idempotent`` calls are retried on transport errors and 502/503."""
+    """One HTTP call. ``idempotent`` calls are retried on transport errors and 502/503;
+    ``keyed`` ones too, each carrying one ``Idempotency-Key`` across its retries (the server
+    answers a replay with the first answer)."""
 
     method: str
     path: str
@@ -39,6 +41,7 @@ class Call:
     content: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
     idempotent: bool = False
+    keyed: bool = False
     model: Any = None  # a pydantic model / TypeAdapter target for the answer, or None (raw)
     empty_ok: bool = False  # 204 means "nothing" (returns None)
 
@@ -62,6 +65,7 @@ def lease(
         json=_drop_none(
             {"template": template, "ttl_s": ttl_s, "metadata": metadata or {}, "limits": limits}
         ),
+        keyed=True,
         model=SandboxOut,
     )
 
@@ -171,6 +175,7 @@ def start_episodes(
                 "ttl_s": ttl_s,
             }
         ),
+        keyed=True,
         model=EpisodeGroupOut,
     )
 
@@ -188,6 +193,7 @@ def verify(episode_id: str, trajectory: VerifyIn | dict[str, Any]) -> Call:
         f"/v1/episodes/{episode_id}/verify",
         json=trajectory,
         idempotent=True,
+        keyed=True,
         model=RewardRecord,
     )
 
@@ -214,6 +220,7 @@ def create_job(
                 "max_attempts": max_attempts,
             }
         ),
+        keyed=True,
         model=JobOut,
     )
 
@@ -227,26 +234,30 @@ def cancel_job(job_id: str) -> Call:
     return Call("POST", f"/v1/jobs/{job_id}/cancel", idempotent=True, model=JobOut)
 
 
-def claim(job_id: str, *, worker: str, lease_s: float = 600) -> Call:
+def claim(job_id: str, *, worker: str, lease_s: float = 60) -> Call:
     return Call(
         "POST",
         f"/v1/jobs/{job_id}/claim",
         json={"worker": worker, "lease_s": lease_s},
+        keyed=True,
         model=WorkItemOut,
         empty_ok=True,
     )
 
 
-def complete(item_id: str, *, worker: str, ok: bool, error: str | None = None) -> Call:
+def complete(
+    item_id: str, *, worker: str, ok: bool, error: str | None = None, cause: str = "policy"
+) -> Call:
     return Call(
         "POST",
         f"/v1/work-items/{item_id}/complete",
-        json=_drop_none({"worker": worker, "ok": ok, "error": error}),
+        json=_drop_none({"worker": worker, "ok": ok, "error": error, "cause": cause}),
+        keyed=True,
         model=WorkItemOut,
     )
 
 
-def heartbeat_item(item_id: str, *, worker: str, lease_s: float = 600) -> Call:
+def heartbeat_item(item_id: str, *, worker: str, lease_s: float = 60) -> Call:
     return Call(
         "POST",
         f"/v1/work-items/{item_id}/heartbeat",

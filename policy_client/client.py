@@ -10,9 +10,14 @@ pydantic schemas.
 Every API call is an explicit, typed method on both clients (sandboxes, tasks, episodes,
 jobs and work items, records); each builds its request with ``policy_client.calls`` so the
 two clients cannot drift (``tests/unit/test_client.py`` checks they expose the same methods
-with the same signatures). Only idempotent calls (reads, releases, heartbeats, file uploads,
-verification, cancellation) are retried, on transport errors and 502/503, with exponential
-backoff. Problems become typed exceptions (``policy_client.errors``).
+with the same signatures). Calls safe to repeat are retried on transport errors and 502/503
+with exponential backoff (``backoff_s`` doubling, at most ``MAX_BACKOFF_S``) until
+``retry_deadline_s`` (default 90 s: a control-plane restart takes 5 to 20 s) has passed or
+``retries`` retries were made (``None``: no count limit). Safe to repeat: reads, releases,
+heartbeats, file uploads, cancellation, and the keyed calls (lease, episode start,
+verification, job creation, claim, complete), which carry one ``Idempotency-Key`` across
+their retries so a replay gets the first answer. Exec is never retried: a command would run
+twice. Problems become typed exceptions (``policy_client.errors``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -49,6 +55,8 @@ from service.schemas import (
 )
 
 RETRY_STATUSES = (502, 503)
+MAX_BACKOFF_S = 5.0
+DEFAULT_RETRY_DEADLINE_S = 90.0
 
 
 def _defaults(base_url: str | None, api_key: str | None) -> tuple[str, str]:
@@ -61,18 +69,37 @@ class _Base:
     """What both clients share: defaults, retry policy, answer decoding."""
 
     def __init__(
-        self, base_url: str | None, api_key: str | None, *, retries: int, backoff_s: float
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        *,
+        retries: int | None,
+        backoff_s: float,
+        retry_deadline_s: float,
     ) -> None:
         self.base_url, self.api_key = _defaults(base_url, api_key)
         self.retries, self.backoff_s = retries, backoff_s
+        self.retry_deadline_s = retry_deadline_s
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _attempts(self, call: Call) -> int:
-        return 1 + (self.retries if call.idempotent else 0)
+    def _may_retry(self, call: Call, attempt: int, started: float) -> bool:
+        """Whether attempt ``attempt`` (0-based, just failed) may be followed by another."""
+        if not (call.idempotent or call.keyed):
+            return False
+        if self.retries is not None and attempt >= self.retries:
+            return False
+        return time.monotonic() - started + self._pause(attempt) <= self.retry_deadline_s
+
+    def _pause(self, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt + 1``."""
+        return min(self.backoff_s * 2**attempt, MAX_BACKOFF_S)
 
     @staticmethod
-    def _request_kwargs(call: Call) -> dict[str, Any]:
-        kw: dict[str, Any] = {"params": call.params or None, "headers": call.headers or None}
+    def _request_kwargs(call: Call, key: str | None) -> dict[str, Any]:
+        headers = dict(call.headers)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        kw: dict[str, Any] = {"params": call.params or None, "headers": headers or None}
         if call.json is not None:
             kw["json"] = call.json
         if call.content is not None:
@@ -85,7 +112,8 @@ class _Base:
 
 
 class Client(_Base):
-    """Synchronous client. ``timeout_s`` bounds each HTTP call (exec adds its own timeout)."""
+    """Synchronous client. ``timeout_s`` bounds each HTTP call (exec adds its own timeout);
+    ``retry_deadline_s`` bounds the retries of one call, ``retries`` their count."""
 
     def __init__(
         self,
@@ -93,11 +121,18 @@ class Client(_Base):
         api_key: str | None = None,
         *,
         timeout_s: float = 120.0,
-        retries: int = 3,
+        retries: int | None = None,
         backoff_s: float = 0.2,
+        retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, api_key, retries=retries, backoff_s=backoff_s)
+        super().__init__(
+            base_url,
+            api_key,
+            retries=retries,
+            backoff_s=backoff_s,
+            retry_deadline_s=retry_deadline_s,
+        )
         self._http = httpx.Client(
             base_url=self.base_url, headers=self.headers, timeout=timeout_s, transport=transport
         )
@@ -113,23 +148,25 @@ class Client(_Base):
         self._http.close()
 
     def run(self, call: Call, *, timeout_s: float | None = None) -> Any:
-        """Execute one call (retrying idempotent ones) and decode its answer."""
-        last: Exception | None = None
-        for attempt in range(self._attempts(call)):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+        """Execute one call (retrying the ones safe to repeat) and decode its answer."""
+        key = uuid.uuid4().hex if call.keyed else None
+        started, attempt = time.monotonic(), 0
+        while True:
+            kw = self._request_kwargs(call, key)
+            if timeout_s is not None:
+                kw["timeout"] = timeout_s
             try:
-                kw = self._request_kwargs(call)
-                if timeout_s is not None:
-                    kw["timeout"] = timeout_s
                 response = self._http.request(call.method, call.path, **kw)
             except httpx.TransportError as e:
-                last = e
-                continue
-            if response.status_code in RETRY_STATUSES and attempt + 1 < self._attempts(call):
-                continue
-            return self._finish(call, response)
-        raise TransportError(f"{call.method} {call.path}: {last}") from last
+                if not self._may_retry(call, attempt, started):
+                    raise TransportError(f"{call.method} {call.path}: {e}") from e
+            else:
+                if response.status_code not in RETRY_STATUSES or not self._may_retry(
+                    call, attempt, started
+                ):
+                    return self._finish(call, response)
+            time.sleep(self._pause(attempt))
+            attempt += 1
 
     @contextmanager
     def sandbox(self, template: str, **lease_options: Any) -> Iterator[Sandbox]:
@@ -276,19 +313,26 @@ class Client(_Base):
         """Cancel a job's queued items."""
         return self.run(calls.cancel_job(job_id))
 
-    def claim(self, job_id: str, *, worker: str, lease_s: float = 600) -> WorkItemOut | None:
+    def claim(self, job_id: str, *, worker: str, lease_s: float = 60) -> WorkItemOut | None:
         """Claim the job's next work item for ``lease_s`` seconds; None when none is free."""
         return self.run(calls.claim(job_id, worker=worker, lease_s=lease_s))
 
-    def heartbeat_item(self, item_id: str, *, worker: str, lease_s: float = 600) -> WorkItemOut:
+    def heartbeat_item(self, item_id: str, *, worker: str, lease_s: float = 60) -> WorkItemOut:
         """Extend a claim by ``lease_s`` seconds."""
         return self.run(calls.heartbeat_item(item_id, worker=worker, lease_s=lease_s))
 
     def complete(
-        self, item_id: str, *, worker: str, ok: bool, error: str | None = None
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        ok: bool,
+        error: str | None = None,
+        cause: str = "policy",
     ) -> WorkItemOut:
-        """Complete a claimed item (``ok=False`` lets the server retry it)."""
-        return self.run(calls.complete(item_id, worker=worker, ok=ok, error=error))
+        """Complete a claimed item (``ok=False`` lets the server retry it; ``cause``
+        policy, verifier or infrastructure: only the first two use an attempt)."""
+        return self.run(calls.complete(item_id, worker=worker, ok=ok, error=error, cause=cause))
 
     # -- records ----------------------------------------------------------------------------
 
@@ -368,12 +412,19 @@ class AsyncClient(_Base):
         api_key: str | None = None,
         *,
         timeout_s: float = 120.0,
-        retries: int = 3,
+        retries: int | None = None,
         backoff_s: float = 0.2,
+        retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S,
         max_connections: int = 64,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, api_key, retries=retries, backoff_s=backoff_s)
+        super().__init__(
+            base_url,
+            api_key,
+            retries=retries,
+            backoff_s=backoff_s,
+            retry_deadline_s=retry_deadline_s,
+        )
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=self.headers,
@@ -395,23 +446,25 @@ class AsyncClient(_Base):
         await self._http.aclose()
 
     async def run(self, call: Call, *, timeout_s: float | None = None) -> Any:
-        """Execute one call (retrying idempotent ones) and decode its answer."""
-        last: Exception | None = None
-        for attempt in range(self._attempts(call)):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        """Execute one call (retrying the ones safe to repeat) and decode its answer."""
+        key = uuid.uuid4().hex if call.keyed else None
+        started, attempt = time.monotonic(), 0
+        while True:
+            kw = self._request_kwargs(call, key)
+            if timeout_s is not None:
+                kw["timeout"] = timeout_s
             try:
-                kw = self._request_kwargs(call)
-                if timeout_s is not None:
-                    kw["timeout"] = timeout_s
                 response = await self._http.request(call.method, call.path, **kw)
             except httpx.TransportError as e:
-                last = e
-                continue
-            if response.status_code in RETRY_STATUSES and attempt + 1 < self._attempts(call):
-                continue
-            return self._finish(call, response)
-        raise TransportError(f"{call.method} {call.path}: {last}") from last
+                if not self._may_retry(call, attempt, started):
+                    raise TransportError(f"{call.method} {call.path}: {e}") from e
+            else:
+                if response.status_code not in RETRY_STATUSES or not self._may_retry(
+                    call, attempt, started
+                ):
+                    return self._finish(call, response)
+            await asyncio.sleep(self._pause(attempt))
+            attempt += 1
 
     @asynccontextmanager
     async def sandbox(self, template: str, **lease_options: Any) -> AsyncIterator[AsyncSandbox]:
@@ -560,21 +613,30 @@ class AsyncClient(_Base):
         """Cancel a job's queued items."""
         return await self.run(calls.cancel_job(job_id))
 
-    async def claim(self, job_id: str, *, worker: str, lease_s: float = 600) -> WorkItemOut | None:
+    async def claim(self, job_id: str, *, worker: str, lease_s: float = 60) -> WorkItemOut | None:
         """Claim the job's next work item for ``lease_s`` seconds; None when none is free."""
         return await self.run(calls.claim(job_id, worker=worker, lease_s=lease_s))
 
     async def heartbeat_item(
-        self, item_id: str, *, worker: str, lease_s: float = 600
+        self, item_id: str, *, worker: str, lease_s: float = 60
     ) -> WorkItemOut:
         """Extend a claim by ``lease_s`` seconds."""
         return await self.run(calls.heartbeat_item(item_id, worker=worker, lease_s=lease_s))
 
     async def complete(
-        self, item_id: str, *, worker: str, ok: bool, error: str | None = None
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        ok: bool,
+        error: str | None = None,
+        cause: str = "policy",
     ) -> WorkItemOut:
-        """Complete a claimed item (``ok=False`` lets the server retry it)."""
-        return await self.run(calls.complete(item_id, worker=worker, ok=ok, error=error))
+        """Complete a claimed item (``ok=False`` lets the server retry it; ``cause``
+        policy, verifier or infrastructure: only the first two use an attempt)."""
+        return await self.run(
+            calls.complete(item_id, worker=worker, ok=ok, error=error, cause=cause)
+        )
 
     # -- records ----------------------------------------------------------------------------
 

@@ -1,11 +1,18 @@
 """``RolloutRunner``: claims a job's work items and runs their episodes concurrently.
 
-Per work item (one task x group size): start the group (the server forks n sandboxes from
-one prepared state), run every episode's turn loop, verify each into a reward record, and
-complete the item (a group with an infrastructure failure is completed as failed, so the
-server retries it a bounded number of times). Policy calls from all running episodes are
-gathered into batches (``batch_size`` requests, or whatever arrived within
-``batch_wait_s``) and run in a worker thread, so a GPU policy sees full batches.
+Per work item (one task x group size): claim it (a 60 s lease, renewed by a heartbeat every
+third of it while the item runs), start the group (the server forks sandboxes from one
+prepared state for the samples still without a record), run every episode's turn loop,
+verify each into a reward record, and complete the item. A verifier failure completes it
+failed with ``cause="verifier"`` (an attempt used; the server retries it a bounded number of
+times); losing the server or the claim mid-episode (transport errors, 502/503 after the
+client's retries, the episode's sandbox or claim gone) is an ``infrastructure`` failure: the
+episode is not verified, the item is re-queued without using an attempt, and a retry re-runs
+only the samples still missing. The SDK retries every call but exec through restarts, so a
+worker rides out a control-plane restart; a worker killed mid-job loses at most its
+in-flight episodes, whose claims lapse back to the queue within the lease. Policy calls
+from all running episodes are gathered into batches (``batch_size`` requests, or whatever
+arrived within ``batch_wait_s``) and run in a worker thread, so a GPU policy sees full batches.
 
 An episode stops at the done marker (``complete``), after ``max_turns`` policy turns
 (``max_turns``), when the task's agent timeout has passed (``agent_timeout``), when the
@@ -20,6 +27,7 @@ lists are all or nothing: if any turn came back as text without tokens, the reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 import uuid
@@ -29,7 +37,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from policy_client.client import AsyncClient, Client
-from policy_client.errors import ClientError, QuotaError
+from policy_client.errors import (
+    ClientError,
+    ConflictError,
+    NotFoundError,
+    QuotaError,
+    ServerError,
+    TransportError,
+)
 from policy_client.policies.base import (
     EpisodeContext,
     Policy,
@@ -41,6 +56,10 @@ from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, 
 from service.rewards import RewardRecord
 from service.schemas import EpisodeOut, WorkItemOut
 
+# Failures of the control plane or the episode's sandbox (released when its claim lapsed):
+# the episode is not verified and its sample is re-run by the item's retry.
+INFRASTRUCTURE = (TransportError, ServerError, ConflictError, NotFoundError)
+
 
 @dataclass(kw_only=True)
 class RolloutConfig:
@@ -51,7 +70,7 @@ class RolloutConfig:
     batch_size: int = 16
     batch_wait_s: float = 0.02
     exec_timeout_s: float = 180.0
-    claim_lease_s: float = 1800.0
+    claim_lease_s: float = 60.0  # the claim lapses this long after the worker's last beat
     traffic: Traffic = "batch"  # PolicyRequest.traffic of every request
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
 
@@ -152,25 +171,73 @@ class RolloutRunner:
             if item is None:
                 job = await self.client.get_job(job_id)
                 items = job.progress["items"]
-                if job.state in ("done", "cancelled") or items["queued"] + items["claimed"] == 0:
+                final = ("done", "partial", "failed", "cancelled")
+                if job.state in final or items["queued"] + items["claimed"] == 0:
                     return
                 await asyncio.sleep(1.0)  # others hold the rest; their claims may expire
                 continue
             await self._run_item(item)
 
+    async def _heartbeat(self, item: WorkItemOut) -> None:
+        """Renew the claim every third of its lease until cancelled (or the claim is lost)."""
+        every = max(0.5, self.config.claim_lease_s / 3)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.client.heartbeat_item(
+                    item.id, worker=self.config.worker, lease_s=self.config.claim_lease_s
+                )
+            except ConflictError:
+                return  # the claim lapsed: the server abandons its episodes
+            except ClientError:
+                continue  # the server is away; keep trying while the lease lasts
+
+    async def _complete(
+        self, item: WorkItemOut, *, ok: bool, error: str | None, cause: str
+    ) -> None:
+        # Conflict: the claim lapsed (or a replayed complete already finished the item).
+        with contextlib.suppress(ConflictError, NotFoundError):
+            await self.client.complete(
+                item.id, worker=self.config.worker, ok=ok, error=error, cause=cause
+            )
+
     async def _run_item(self, item: WorkItemOut) -> None:
         queue_ms = max(0.0, (datetime.now(UTC) - item.created_at).total_seconds() * 1e3)
+        beat = asyncio.create_task(self._heartbeat(item))
+        try:
+            await self._run_claimed(item, queue_ms)
+        finally:
+            beat.cancel()
+
+    async def _run_claimed(self, item: WorkItemOut, queue_ms: float) -> None:
         try:
             group = await self._start_group(item)
-            outcomes = await asyncio.gather(
-                *(self.run_episode(ep, queue_ms=queue_ms) for ep in group)
-            )
+        except ConflictError as e:
+            if "is recorded" in str(e):  # every sample has its record: nothing left to run
+                await self._complete(item, ok=True, error=None, cause="policy")
+            return  # else the claim is gone: its new holder runs the item
         except ClientError as e:
-            await self.client.complete(
-                item.id, worker=self.config.worker, ok=False, error=f"{type(e).__name__}: {e}"
+            await self._complete(
+                item, ok=False, error=f"{type(e).__name__}: {e}", cause="infrastructure"
             )
             return
+        results = await asyncio.gather(
+            *(self.run_episode(ep, queue_ms=queue_ms) for ep in group), return_exceptions=True
+        )
+        outcomes = [r for r in results if isinstance(r, EpisodeOutcome)]
+        lost = [r for r in results if not isinstance(r, EpisodeOutcome)]
         self.outcomes.extend(outcomes)
+        for r in lost:
+            if not isinstance(r, ClientError):
+                raise r
+        if lost:
+            await self._complete(
+                item,
+                ok=False,
+                error=f"{len(lost)} of {len(results)} episodes lost: {lost[0]}"[:2000],
+                cause="infrastructure",
+            )
+            return
         bad = [o for o in outcomes if o.record.verifier.status != "ok"]
         error = None
         if bad:
@@ -178,7 +245,7 @@ class RolloutRunner:
                 f"{len(bad)} of {len(outcomes)} episodes failed verification: "
                 + str(bad[0].record.verifier.details.get("reason", ""))[:500]
             )
-        await self.client.complete(item.id, worker=self.config.worker, ok=not bad, error=error)
+        await self._complete(item, ok=not bad, error=error, cause="verifier")
 
     async def _start_group(self, item: WorkItemOut) -> list[EpisodeOut]:
         for _ in range(60):
@@ -270,6 +337,8 @@ class RolloutRunner:
                 if res.timed_out and time.monotonic() >= deadline:
                     stop = "agent_timeout"
                     break
+        except INFRASTRUCTURE:
+            raise  # the server or the sandbox went away: not the policy's failure
         except ClientError as e:
             stop = "error"
             traj.error = f"{type(e).__name__}: {e}"

@@ -123,8 +123,19 @@ def rollout(
     ray_address: Annotated[
         str | None, typer.Option(help="--ray: an existing Ray cluster (default: start one).")
     ] = None,
+    job_id: Annotated[
+        str | None,
+        typer.Option(
+            "--job",
+            help="Resume this job (its queued and lapsed items) instead of creating one; "
+            "the summary and --expect-reward cover all of its records.",
+        ),
+    ] = None,
 ) -> None:
-    """Run a suite through the service with a policy; write reward records; summarize."""
+    """Run a suite through the service with a policy; write reward records; summarize.
+
+    The run survives control-plane restarts (the SDK retries through them); a run that
+    died can be resumed with ``--job JOB``: samples already recorded are not run again."""
     from policy_client import calls
     from policy_client.client import AsyncClient, Client
     from policy_client.errors import ClientError
@@ -147,18 +158,27 @@ def rollout(
     task_ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     try:
         with Client(url, api_key) as client:
-            job = client.run(
-                calls.create_job(
-                    suite=suite_dir.name,
-                    task_ids=task_ids,
-                    group_size=group_size,
-                    policy={"name": pol.name, "version": pol.version},
+            if job_id is not None:
+                job = client.run(calls.get_job(job_id))
+                group_size = job.group_size
+            else:
+                job = client.run(
+                    calls.create_job(
+                        suite=suite_dir.name,
+                        task_ids=task_ids,
+                        group_size=group_size,
+                        policy={"name": pol.name, "version": pol.version},
+                    )
                 )
-            )
             total = len(job.task_ids) * group_size
             err_console.print(
                 f"job {job.id}: {len(job.task_ids)} tasks x {group_size} "
-                f"of suite {suite_dir.name}, policy {pol.name}"
+                f"of suite {job.suite}, policy {pol.name}"
+                + (
+                    f" (resumed: {sum(job.progress['records'].values())} recorded)"
+                    if job_id
+                    else ""
+                )
             )
             with Progress(
                 TextColumn("[bold]{task.description}"),
@@ -187,7 +207,7 @@ def rollout(
                         return await runner.run_job(job.id)
 
                 if ray:
-                    records = _run_on_ray(
+                    _run_on_ray(
                         job.id,
                         n=ray,
                         address=ray_address,
@@ -201,7 +221,9 @@ def rollout(
                         ),
                     )
                 else:
-                    records = [o.record for o in asyncio.run(go())]
+                    asyncio.run(go())
+            # every record of the job, once each (a resumed job's earlier ones included)
+            records = _job_records(client, job.id)
             final = client.run(calls.get_job(job.id))
             paths = _write_records(client, job.id, out)
     except ClientError as e:
@@ -270,6 +292,18 @@ def _run_on_ray(
     except (RayUnavailable, ValueError) as e:
         err_console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+
+
+def _job_records(client: Any, job_id: str) -> list[Any]:
+    """Every stored record of the job (paged)."""
+    out: list[Any] = []
+    after = None
+    while True:
+        page = client.list_records(job_id=job_id, after=after, limit=500)
+        out.extend(page.records)
+        if page.next_after is None:
+            return out
+        after = page.next_after
 
 
 def _write_records(client: Any, job_id: str, out: Path) -> dict[str, str]:
@@ -355,7 +389,15 @@ def rewards_export(
     from policy_client.client import Client
     from policy_client.errors import ClientError
 
-    fmt = "parquet" if out.suffix == ".parquet" else "jsonl"
+    formats = {".jsonl": "jsonl", ".parquet": "parquet"}
+    fmt = formats.get(out.suffix.lower())
+    if fmt is None:
+        err_console.print(
+            f"[red]error:[/] cannot tell the format from {out.name!r}: name the file "
+            "*.jsonl or *.parquet",
+            highlight=False,
+        )
+        raise typer.Exit(2)
     try:
         with Client(url, api_key) as client:
             data = client.run(calls.export_records(fmt=fmt, normalize=normalize, job_id=job_id))

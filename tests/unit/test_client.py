@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -85,12 +86,14 @@ class Recorder:
 
 
 def _sync(handler: Recorder) -> Client:
-    return Client("http://crucible.test", "k", transport=httpx.MockTransport(handler), backoff_s=0)
+    return Client(
+        "http://crucible.test", "k", transport=httpx.MockTransport(handler), backoff_s=0, retries=3
+    )
 
 
 def _async(handler: Recorder) -> AsyncClient:
     return AsyncClient(
-        "http://crucible.test", "k", transport=httpx.MockTransport(handler), backoff_s=0
+        "http://crucible.test", "k", transport=httpx.MockTransport(handler), backoff_s=0, retries=3
     )
 
 
@@ -136,6 +139,7 @@ def test_typed_methods_send_the_right_requests() -> None:
         "worker": "w",
         "ok": False,
         "error": "boom",
+        "cause": "policy",
     }
     assert dict(bodies["GET", "/v1/rewards"].url.params) == {"job_id": "job_1", "limit": "5"}
     assert dict(bodies["GET", "/v1/rewards/export"].url.params) == {
@@ -183,7 +187,7 @@ def test_only_idempotent_calls_are_retried() -> None:
     rec = Recorder(
         {
             ("GET", "/v1/jobs/job_1"): lambda r: _problem(503, "No capacity"),
-            ("POST", "/v1/jobs"): lambda r: _problem(503, "No capacity"),
+            ("POST", "/v1/sandboxes/sb_1/exec"): lambda r: _problem(503, "No capacity"),
         }
     )
     with _sync(rec) as client:
@@ -193,8 +197,41 @@ def test_only_idempotent_calls_are_retried() -> None:
         assert len(rec.requests) == 4  # 1 + 3 retries
         rec.requests.clear()
         with pytest.raises(errors.ServerError):
-            client.create_job(suite="s", policy={"name": "p", "version": "1"})
-        assert len(rec.requests) == 1  # never retried: it is not idempotent
+            client.exec("sb_1", "echo hi")
+        assert len(rec.requests) == 1  # never retried: a command would run twice
+
+
+def test_keyed_calls_carry_one_idempotency_key_across_retries() -> None:
+    answers = iter([_problem(503, "Restarting"), _problem(502, "Bad gateway")])
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        return next(answers, httpx.Response(204))
+
+    rec = Recorder({("POST", "/v1/jobs/job_1/claim"): flaky})
+    with _sync(rec) as client:
+        assert client.claim("job_1", worker="w") is None
+        again = client.claim("job_1", worker="w")
+    assert again is None
+    keys = [r.headers.get("idempotency-key") for r in rec.requests]
+    assert len(keys) == 4 and keys[0] and keys[0] == keys[1] == keys[2] != keys[3]
+
+
+def test_retries_stop_at_the_deadline() -> None:
+    calls = []
+
+    def down(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ConnectError("refused", request=request)
+
+    client = Client(
+        "http://x", transport=httpx.MockTransport(down), backoff_s=0.05, retry_deadline_s=0.5
+    )
+    t0 = time.monotonic()
+    with pytest.raises(errors.TransportError):
+        client.get_job("job_1")
+    elapsed = time.monotonic() - t0
+    client.close()
+    assert 0.3 <= elapsed <= 1.5 and len(calls) >= 4
 
 
 def test_transport_failures_after_retries() -> None:
