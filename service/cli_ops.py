@@ -5,6 +5,7 @@ Registered on the root app by ``service.cli`` (kept in their own module so areas
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,6 +25,51 @@ app.add_typer(db_app, name="db")
 def _db() -> Database:
     db = Database(get_settings().sqlalchemy_url)
     db.migrate()
+    return db
+
+
+def _existing_db() -> Database:
+    """The configured database as it stands, for checks: never created or migrated.
+
+    Raises:
+        NotFound: no SQLite file there, the database does not answer, or it holds no
+            Crucible schema (no audit log).
+    """
+    import sqlite3
+    from contextlib import closing
+
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service.errors import NotFound
+
+    url = get_settings().sqlalchemy_url
+    where = url.split("@")[-1]
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        if not path or path == ":memory:" or not Path(path).is_file():
+            raise NotFound(
+                f"no database at {path} (set CRUCIBLE_DATA_DIR or CRUCIBLE_DATABASE_URL)"
+            )
+        try:  # read-only: opening the engine would turn any file into a WAL database
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+                found = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_events'"
+                ).fetchone()
+        except sqlite3.DatabaseError as e:
+            raise NotFound(f"{path} is not a readable SQLite database: {e}") from e
+        if found is None:
+            raise NotFound(f"the database at {path} holds no Crucible audit log")
+    db = Database(url)
+    try:
+        has_log = inspect(db.engine).has_table("audit_events")
+    except SQLAlchemyError as e:
+        db.dispose()
+        raise NotFound(f"the database at {where} does not answer: {e.__class__.__name__}") from e
+    if not has_log:
+        db.dispose()
+        raise NotFound(f"the database at {where} holds no Crucible audit log")
     return db
 
 
@@ -150,7 +196,7 @@ def audit_verify(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
     from service.audit import verify_chain
 
     with _errors():
-        check = verify_chain(_db())
+        check = verify_chain(_existing_db())
     if as_json:
         _print_json(
             {
