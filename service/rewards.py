@@ -237,6 +237,30 @@ class RewardRecord(_Model):
         return self.verifier.status == "ok" and not self.exclude_from_loss
 
 
+# --------------------------------------------------------------------------- what tenants see
+
+PRIVATE_KEY = "private"
+"""Key of ``verifier.details`` that only admins may read: a verifier puts there whatever
+would give the answer away (expected values, reference geometry, hidden test names,
+assertion diffs). Stored rows keep it; ``redact`` removes it from what tenants get."""
+
+
+def redact(record: RewardRecord) -> RewardRecord:
+    """``record`` without ``verifier.details["private"]`` (the tenant's view; the record
+    itself is not changed). Every route that returns records to a tenant passes them here:
+    ``GET /v1/rewards``, the exports and the episode verify response."""
+    if PRIVATE_KEY not in record.verifier.details:
+        return record
+    details = {k: v for k, v in record.verifier.details.items() if k != PRIVATE_KEY}
+    verifier = record.verifier.model_copy(update={"details": details})
+    return record.model_copy(update={"verifier": verifier})
+
+
+def view(record: RewardRecord, *, private: bool) -> RewardRecord:
+    """``record`` as is when ``private`` (an admin asked for it), else ``redact(record)``."""
+    return record if private else redact(record)
+
+
 # --------------------------------------------------------------------------- storage
 
 
@@ -422,13 +446,26 @@ class StoredRecords:
 
     Pass it to an export with ``normalize="grpo"`` or ``"mean"``: those read the records
     twice (group statistics, then rows) and so never hold the whole export in memory.
+    Records come redacted (``redact``) unless ``private`` (an admin's export).
     """
 
-    def __init__(self, db: Database, *, tenant_id: str, batch: int = 500, **filters: Any):
+    def __init__(
+        self,
+        db: Database,
+        *,
+        tenant_id: str,
+        batch: int = 500,
+        private: bool = False,
+        **filters: Any,
+    ):
         self._db, self._tenant_id, self._batch, self._filters = db, tenant_id, batch, filters
+        self._private = private
 
     def __iter__(self) -> Iterator[RewardRecord]:
-        return iter_records(self._db, tenant_id=self._tenant_id, batch=self._batch, **self._filters)
+        records = iter_records(
+            self._db, tenant_id=self._tenant_id, batch=self._batch, **self._filters
+        )
+        return (view(r, private=self._private) for r in records)
 
 
 # --------------------------------------------------------------------------- advantages

@@ -14,8 +14,23 @@ from pydantic import BaseModel
 
 from service import anomaly, rewards
 from service.api.deps import Ctx, CurrentPrincipal
+from service.api.problems import error_responses
+from service.errors import Forbidden
+from service.tenants import Principal
 
 router = APIRouter(prefix="/v1", tags=["rewards"])
+
+PRIVATE_HELP = (
+    "include verifier.details.private (expected values, reference geometry): admins only, "
+    "403 otherwise; without it every caller gets the redacted records"
+)
+
+
+def _may_see_private(principal: Principal, private: bool) -> bool:
+    """``private`` when the caller is an admin; a tenant asking for it is a 403."""
+    if private and not principal.is_admin:
+        raise Forbidden("private=true needs an API key with the admin scope")
+    return private
 
 
 class RewardPage(BaseModel):
@@ -31,7 +46,7 @@ class AnomalyList(BaseModel):
     anomalies: list[anomaly.Anomaly]
 
 
-@router.get("/rewards", response_model=RewardPage)
+@router.get("/rewards", response_model=RewardPage, responses=error_responses(403))
 def list_rewards(
     ctx: Ctx,
     principal: CurrentPrincipal,
@@ -43,8 +58,10 @@ def list_rewards(
     since: datetime | None = None,
     after: str | None = None,
     limit: int = Query(100, ge=1, le=1000),
+    private: bool = Query(False, description=PRIVATE_HELP),
 ) -> RewardPage:
-    """The caller's reward records, oldest first."""
+    """The caller's reward records, oldest first (redacted unless an admin asks ``private``)."""
+    show = _may_see_private(principal, private)
     page = rewards.query(
         ctx.db,
         tenant_id=principal.tenant_id,
@@ -57,10 +74,13 @@ def list_rewards(
         limit=limit,
         after=after,
     )
-    return RewardPage(records=page, next_after=page[-1].record_id if len(page) == limit else None)
+    return RewardPage(
+        records=[rewards.view(r, private=show) for r in page],
+        next_after=page[-1].record_id if len(page) == limit else None,
+    )
 
 
-@router.get("/rewards/export")
+@router.get("/rewards/export", responses=error_responses(403))
 def export(
     ctx: Ctx,
     principal: CurrentPrincipal,
@@ -70,11 +90,14 @@ def export(
     suite: str | None = None,
     domain: str | None = None,
     task_id: str | None = None,
+    private: bool = Query(False, description=PRIVATE_HELP),
 ) -> StreamingResponse:
-    """Every matching record as JSONL or Parquet, optionally with an ``advantage`` column."""
+    """Every matching record as JSONL or Parquet, optionally with an ``advantage`` column
+    (redacted unless an admin asks ``private``)."""
     records = rewards.StoredRecords(
         ctx.db,
         tenant_id=principal.tenant_id,
+        private=_may_see_private(principal, private),
         job_id=job_id,
         suite=suite,
         domain=domain,

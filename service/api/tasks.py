@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from service import episodes
+from service import episodes, rewards
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
 from service.db.models import Episode
@@ -107,5 +107,7 @@ def get_episode(episode_id: str, ctx: Ctx, principal: CurrentPrincipal) -> Episo
     responses=error_responses(404, 409, 502),
 )
 def verify(episode_id: str, body: VerifyIn, ctx: Ctx, principal: CurrentPrincipal) -> RewardRecord:
-    """Verify the episode in an isolated sandbox and store its reward record."""
-    return episodes.verify(ctx, principal, episode_id, trajectory=body.model_dump())
+    """Verify the episode in an isolated sandbox and store its reward record. The answer is
+    the tenant's view (``verifier.details.private`` removed; admins read it with
+    ``GET /v1/rewards?private=true``)."""
+    return rewards.redact(episodes.verify(ctx, principal, episode_id, trajectory=body.model_dump()))

@@ -43,6 +43,31 @@ from service.docgen.spec import (
 #: The corpus seed: every figure of every task derives from it.
 SEED = 20240617
 
+#: Fields the instruction alone makes guessable (``guessable: true`` in the ground truth:
+#: they earn credit only in proportion to the task's other fields; see
+#: ``service.verifiers.document``). A field belongs here when its value follows from what
+#: the instruction states (a country it names, a currency its answer forms name, a period or
+#: year it gives) plus common knowledge, without reading the documents; ANLS partial credit
+#: counts. ``tests/unit/test_document_guessable.py`` guesses every field from the
+#: instruction alone and fails when a guess earns credit on a field not listed here.
+GUESSABLE: dict[str, tuple[str, ...]] = {
+    # a 2023 annual report: the calendar year end is the default guess
+    "annual-report-income-statement": ("fiscal_year_end",),
+    # "a Dutch group", amounts "in millions of euros"; the Dutch statutory rate is public
+    "effective-tax-rate": ("statutory_tax_rate", "reporting_currency"),
+    # "a Canadian company", amounts "in thousands of Canadian dollars"
+    "free-cash-flow-definition": ("reporting_currency",),
+    # "third-quarter interim report", "q3_2024": the quarter's last day
+    "interim-report-dates": ("period_end_date",),
+    # comparatives for "the year ended 31 March 2023" in the 2024 report
+    "restated-comparatives": ("financial_year_end",),
+    # "Northgate Schweiz AG"; the instruction names four subsidiaries (ANLS partial credit)
+    "subsidiaries-multi-currency": (
+        "swiss_functional_currency",
+        "largest_subsidiary_by_usd_revenue",
+    ),
+}
+
 
 def rng_for(task_id: str) -> random.Random:
     """The random source of one task (string seeds are hashed with SHA-512: stable)."""

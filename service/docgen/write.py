@@ -23,7 +23,7 @@ from typing import Any
 
 from service.docgen.pdf import REPORTLAB_VERSION, render
 from service.docgen.spec import TaskSpec
-from service.docgen.tasks import SEED
+from service.docgen.tasks import GUESSABLE, SEED
 
 ANSWER_PATH = "/app/answer.json"
 #: Files the generator writes with the executable bit.
@@ -64,8 +64,13 @@ def dumps(obj: Any) -> str:
 def ground_truth(spec: TaskSpec) -> dict[str, Any]:
     """The ``tests/expected.json`` object of ``spec``."""
     fields = {}
+    guessable = GUESSABLE.get(spec.id, ())
+    unknown = set(guessable) - {a.key for a in spec.answers}
+    if unknown:
+        raise ValueError(f"{spec.id}: GUESSABLE names unknown fields {sorted(unknown)}")
     for a in spec.answers:
-        fields[a.key] = {**a.truth, "evidence": list(a.evidence)} if a.evidence else a.truth
+        entry = {**a.truth, "guessable": True} if a.key in guessable else dict(a.truth)
+        fields[a.key] = {**entry, "evidence": list(a.evidence)} if a.evidence else entry
     return {
         "version": 1,
         "source": f"service.docgen seed {SEED} (reportlab {REPORTLAB_VERSION})",

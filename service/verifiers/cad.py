@@ -1,60 +1,75 @@
 """The CAD-domain verifier: measure the part the agent exported against the task's reference
 mesh, and render both to compare silhouettes.
 
-Flow (nothing ever runs in the agent's sandbox):
+Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the control plane):
 
 1. The output file named by the task (``[crucible.settings] output``) is read engine-side
-   (``get_archive``, symbolic links followed engine-side too) from the episode's frozen
-   container (every process suspended: nothing changes it while it is read).
-2. **Gate** ("must build"): the file exists, is a regular file of at most
-   ``max_file_bytes``, parses as the stated ``format`` (STL or OBJ), holds at most
-   ``max_triangles`` triangles, and bounds a closed solid (watertight, consistently wound,
-   non-zero volume, accepted by manifold3d). A failed gate is the agent's outcome:
-   ``status=ok``, reward 0, the reason in ``details["gate"]``.
-3. **Measures** (``service.verifiers.geometry``; lengths in mm, the tasks' unit):
-   volumetric IoU (exact booleans, absolute coordinates), surface deviation (two-sided
-   Hausdorff estimate, 2048 seeded samples each way, exact point-to-surface distances),
-   Chamfer distance as CAD-Recode computes it (unit-box normalized, 8192 points, seed 0),
-   relative volume error and the largest bounding-box deviation in mm.
-4. **Render check**: a fresh sandbox of the episode's pristine image (the task image on
-   ``crucible/cad``, which the agent could not modify; from the warm pool when it holds
-   one) receives both meshes; Blender
-   renders each from three fixed orthographic cameras (top, front, right; framed on the
-   reference's bounding box, 128 px; see ``blender_silhouettes``) and the PNGs are read
-   engine-side. ``silhouette`` is the lowest of the three per-view silhouette IoUs.
-5. **Reward** = weighted sum of per-measure scores in [0, 1], rounded to 6 decimals:
+   (``get_archive``, symbolic links followed engine-side too, at most 8) from the episode's
+   frozen container (every process suspended: nothing changes it while it is read), at
+   most ``max_file_bytes``.
+2. **Gate** ("must build"), in a bounded worker process (``service.verifiers.bounded``:
+   ``measure_timeout_s`` of wall clock, ``measure_memory_mb`` of memory): the bytes parse
+   as the stated ``format`` (STL or OBJ), hold at most ``max_triangles`` triangles and
+   ``max_shells`` separate shells, and bound a closed solid (watertight, consistently
+   wound, non-zero volume, accepted by manifold3d).
+3. **Geometry first**, in the same worker: the solid's topology must equal the
+   reference's (connected components, and genus: the number of through-holes, from the
+   Euler characteristic; ``geometry.topology``), and its volume must be within
+   ``volume_zero`` of the reference's. A part that only fills the bounding box, or misses
+   a hole the reference has, fails here. Any failed gate scores 0.
+4. **Measures**, in a second bounded worker (``service.verifiers.geometry``; lengths in
+   mm, the tasks' unit): volumetric IoU (exact booleans, absolute coordinates), surface
+   deviation (two-sided Hausdorff estimate, 2048 seeded samples each way, exact
+   point-to-surface distances), Chamfer distance as CAD-Recode computes it (unit-box
+   normalized, 8192 points, seed 0), relative volume error and the largest bounding-box
+   deviation in mm.
+5. **Render check** (in parallel with 4): a fresh sandbox of the episode's pristine image
+   (the task image on ``crucible/cad``, which the agent could not modify; from the warm pool
+   when it holds one) receives both meshes; Blender renders each from three fixed
+   orthographic cameras (top, front, right; framed on the reference's bounding box, 128 px;
+   see ``blender_silhouettes``) and the PNGs are read engine-side. ``silhouette`` is the
+   lowest of the three per-view silhouette IoUs.
+6. **Reward**. Each measure maps to a score in [0, 1] (linear between a full- and a
+   zero-credit bound; the Chamfer score linear in log distance):
 
    ============ ====== ===================================== ============ ============
    component    weight measure                               full credit  zero credit
    ============ ====== ===================================== ============ ============
-   iou          0.30   volumetric IoU                        >= 0.99      <= 0.90
-   surface      0.30   surface deviation (mm)                <= 0.1       >= 1.0
-   chamfer      0.10   CAD-Recode Chamfer distance           <= 1e-3      >= 2e-2 (log)
-   silhouette   0.10   worst of 3 silhouette IoUs            >= 0.99      <= 0.90
-   volume       0.10   abs(V - V_ref) / V_ref                <= 0.01      >= 0.10
-   bbox         0.10   max abs bound difference (mm)         <= 0.1       >= 1.0
+   iou          core   volumetric IoU                        >= 0.99      <= 0.90
+   surface      core   surface deviation (mm)                <= 0.1       >= 1.0
+   chamfer      refine CAD-Recode Chamfer distance           <= 1e-3      >= 2e-2 (log)
+   silhouette   refine worst of 3 silhouette IoUs            >= 0.99      <= 0.90
+   volume       refine abs(V - V_ref) / V_ref                <= 0.01      >= 0.10
+   bbox         refine max abs bound difference (mm)         <= 0.1       >= 1.0
    ============ ====== ===================================== ============ ============
 
-   Between the bounds a score is linear (the Chamfer score linear in log distance). A task
-   may move any bound in ``[crucible.settings]`` (``iou_full``, ``iou_zero``, ...). With
-   ``render = false`` the silhouette weight is shared out over the others in proportion.
-   The full-credit bounds sit above the noise of an honest re-modelling (circles of 32 to
-   128 segments against the reference's 64: at most 0.5 % IoU, 0.6 % volume, 0.05 mm of
-   surface deviation at r = 10 mm; two tessellations of one shape sample to a Chamfer
-   distance of about 5e-4); an exact reproduction scores exactly 1.0. The global measures
-   (IoU, Chamfer, volume, silhouettes) barely see a small feature on a large part (a plate
-   missing one of four 6 mm holes keeps an IoU of 0.993); the surface deviation sees it
-   (3 mm) and carries the weight that keeps such a part below a 0.95 pass threshold.
+   ``core = (iou + surface) / 2``: the two measures that see the actual shape in place.
+   ``refine`` = the mean of the others, which a wrong shape can satisfy: the bounding box
+   is stated in the instruction, the Chamfer distance ignores placement and scale, volume
+   and silhouettes ignore where material is. ``reward = core * (0.6 + 0.4 * refine)``:
+   what the instruction gives away earns credit only in proportion to the shape being
+   right, and a part with ``core = 0`` scores 0 whatever else matches. A task may move any
+   bound in ``[crucible.settings]`` (``iou_full``, ``iou_zero``, ...); with
+   ``render = false`` ``refine`` is the mean of the other three. The full-credit bounds sit
+   above the noise of an honest re-modelling (circles of 32 to 128 segments against the
+   reference's 64: at most 0.5 % IoU, 0.6 % volume, 0.05 mm of surface deviation at
+   r = 10 mm; two tessellations of one shape sample to a Chamfer distance of about 5e-4);
+   an exact reproduction scores exactly 1.0. A plate missing one of four 6 mm holes keeps
+   an IoU of 0.993 but fails the topology gate.
 
-``components`` holds each score (``iou``, ``surface``, ``chamfer``, ``silhouette``,
-``volume``, ``bbox``) and each raw measure (``iou_value``, ``surface_deviation_mm``,
-``chamfer_value``, ``silhouette_value``, ``volume_rel_error``, ``bbox_deviation_mm``) plus
-``gate`` (1.0 passed, 0.0 failed). The surface deviation is not computed (and reported as
-the bounding-box deviation, its lower bound) when that alone already scores 0.
+What tenants see (``details``): the output path and format, the gate that failed and why
+(in terms of the agent's own part: its triangle count, its components and genus, never the
+reference's), ``passed``, timings; ``components`` holds the scores (``gate``,
+``topology``, ``volume_gate`` as 1/0, ``core``, ``iou``, ``surface``, ``chamfer``,
+``silhouette``, ``volume``, ``bbox``). Raw measures, reference volume, bounding box and
+topology are in ``details["private"]`` (admins only; ``service.rewards.redact``).
 
-Infrastructure failures (engine errors, a Blender crash, unreadable PNGs, a missing or
-broken reference) are ``status=error`` with reward None; a render past its time limit is
-``status=timeout``. Never a silent 0.
+Dodges: an output that is a directory, a FIFO or another special file, a link loop,
+larger than a cap, non-finite, or that makes the worker run out of time or memory or
+crash scores 0 (``status=ok``) with the reason in ``gate`` and its cause in
+``details["dodge"]``. Infrastructure failures (engine errors, no worker process, a Blender
+crash, unreadable PNGs, a missing or broken reference) are ``status=error`` with reward
+None; a render past its time limit is ``status=timeout``. Never a silent 0.
 """
 
 from __future__ import annotations
@@ -69,7 +84,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,19 +97,23 @@ from service.runtime.base import ExecRequest, SandboxRuntime
 from service.tasks.models import Task
 from service.verifiers import geometry
 from service.verifiers.base import VerifierResult
+from service.verifiers.bounded import BoundExceeded, WorkerUnavailable, run_bounded
 from service.verifiers.registry import EndState, register
 
 NAME = "cad"
-VERSION = "1"
+VERSION = "2"
 
-#: Weights of the component scores (sum 1).
+#: The measures that see the actual shape in place (their mean is ``core``).
+CORE = ("iou", "surface")
+#: The measures a wrong shape can satisfy (their mean is ``refine``; module docstring).
+REFINE = ("chamfer", "silhouette", "volume", "bbox")
+#: Share of the reward that ``core`` alone earns: ``core * (CORE_SHARE + (1 - CORE_SHARE)
+#: * refine)``.
+CORE_SHARE = 0.6
+#: Every scored measure (the ``components`` an exact reproduction has at 1.0).
 WEIGHTS: dict[str, float] = {
-    "iou": 0.30,
-    "surface": 0.30,
-    "chamfer": 0.10,
-    "silhouette": 0.10,
-    "volume": 0.10,
-    "bbox": 0.10,
+    **{k: CORE_SHARE / len(CORE) for k in CORE},
+    **{k: (1 - CORE_SHARE) / len(REFINE) for k in REFINE},
 }
 #: The render check's cameras: unit direction from the frame centre to the camera, the
 #: camera's Euler rotation (XYZ, radians; a Blender camera looks down its local -Z), and
@@ -118,9 +137,11 @@ class CadSettings(BaseModel):
     ``obj``; ``units``: ``mm`` (coordinates in the file are millimetres); ``reference``:
     the reference mesh's file name in the task's ``tests/`` (same format rules; default
     ``reference.<format>``). ``*_full`` / ``*_zero``: the score bounds of each measure (see
-    the module docstring); ``render``: run the silhouette check; ``render_px``: silhouette
-    resolution; ``render_timeout_s``: Blender's time limit in seconds;
-    ``max_file_bytes`` / ``max_triangles``: gate limits on the agent's file.
+    the module docstring; ``volume_zero`` is also the volume gate); ``render``: run the
+    silhouette check; ``render_px``: silhouette resolution; ``render_timeout_s``: Blender's
+    time limit in seconds; ``max_file_bytes`` / ``max_triangles`` / ``max_shells``: caps on
+    the agent's file; ``measure_timeout_s`` / ``measure_memory_mb``: the wall-clock and
+    memory limits of each bounded worker step (gate, measures).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -145,7 +166,10 @@ class CadSettings(BaseModel):
     render_px: int = Field(128, ge=16, le=1024)
     render_timeout_s: float = Field(60.0, gt=0)
     max_file_bytes: int = Field(32 << 20, gt=0)
-    max_triangles: int = Field(500_000, gt=0)
+    max_triangles: int = Field(200_000, gt=0)
+    max_shells: int = Field(64, gt=0)
+    measure_timeout_s: float = Field(60.0, gt=0, le=600)
+    measure_memory_mb: int = Field(3072, ge=256)
 
     @model_validator(mode="after")
     def _bounds(self) -> CadSettings:
@@ -195,6 +219,32 @@ class Measures:
     surface_skipped: bool = False
 
 
+@dataclass(frozen=True, kw_only=True)
+class Reference:
+    """A task's reference part: its mesh, volume (mm^3) and topology."""
+
+    mesh: trimesh.Trimesh
+    volume: float
+    topology: geometry.Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateOutcome:
+    """What the gate worker found. ``problem`` is None when the part passed every gate;
+    then ``vertices`` / ``faces`` are the solid to measure (turned right way out when its
+    triangles faced inwards). ``gate`` names the gate that failed (``build``, ``topology``,
+    ``volume``); ``dodge`` is set when the failure is a cap or an unreadable file;
+    ``facts`` are public (about the agent's part), ``private`` are not."""
+
+    problem: str | None = None
+    gate: str | None = None
+    dodge: str | None = None
+    vertices: np.ndarray | None = None
+    faces: np.ndarray | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    private: dict[str, Any] = field(default_factory=dict)
+
+
 class VerifierFailure(Exception):
     """An infrastructure failure of the verifier (``status`` error or timeout)."""
 
@@ -228,13 +278,19 @@ def check_for(task: Task) -> CadCheck:
 
 # --------------------------------------------------------------------------- reference meshes
 
-_REFERENCES: dict[tuple[str, int, int], trimesh.Trimesh] = {}
+_REFERENCES: dict[tuple[str, int, int], Reference] = {}
 _REFERENCES_LOCK = threading.Lock()
 
 
 def load_reference(path: Path, fmt: geometry.MeshFormat) -> trimesh.Trimesh:
-    """The reference mesh at ``path`` (cached by path, mtime and size); its format is its
-    suffix (``.stl``, ``.obj``), else ``fmt``.
+    """The reference mesh at ``path`` (see ``load_reference_part``)."""
+    return load_reference_part(path, fmt).mesh
+
+
+def load_reference_part(path: Path, fmt: geometry.MeshFormat) -> Reference:
+    """The reference part at ``path`` (cached by path, mtime and size); its format is its
+    suffix (``.stl``, ``.obj``), else ``fmt``. References are the task's own small files,
+    measured in the control plane.
 
     Raises ``VerifierFailure`` when it is missing, does not parse or is not a closed solid
     (a broken task, never the agent's fault).
@@ -255,26 +311,49 @@ def load_reference(path: Path, fmt: geometry.MeshFormat) -> trimesh.Trimesh:
     try:
         mesh = geometry.load_mesh(path.read_bytes(), file_format)
         gated = geometry.gate(mesh)
-        if gated.reason is None:
-            geometry.solid(gated.mesh)
+        if gated.reason is not None or gated.inverted:
+            raise VerifierFailure(f"reference mesh {path.name} is not a closed solid")
+        part = Reference(
+            mesh=gated.mesh,
+            volume=geometry.volume(gated.mesh),
+            topology=geometry.topology(gated.mesh),
+        )
     except geometry.MeshError as e:
         raise VerifierFailure(f"reference mesh {path.name} is broken: {e}") from None
-    if gated.reason is not None or gated.inverted:
-        raise VerifierFailure(f"reference mesh {path.name} is not a closed solid")
     with _REFERENCES_LOCK:
-        _REFERENCES[key] = gated.mesh
-    return gated.mesh
+        _REFERENCES[key] = part
+    return part
 
 
 # --------------------------------------------------------------------------- reading the output
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputRead:
+    """The agent's output file: ``data``, or why there is none to score (``problem``;
+    ``dodge`` names the cause when it is a special file, a cap or a link loop rather than
+    a missing file)."""
+
+    data: bytes | None
+    problem: str | None = None
+    dodge: str | None = None
 
 
 def read_output(
     runtime: SandboxRuntime, container_id: str, path: str, *, max_bytes: int
 ) -> tuple[bytes | None, str | None]:
     """``(content, None)`` of the regular file at ``path`` in the container, read engine-side,
-    or ``(None, reason)`` when there is none the agent could be scored on (missing, a
-    directory, too large, a link loop). Symbolic links are followed (at most 8).
+    or ``(None, reason)`` (see ``read_output_file``)."""
+    got = read_output_file(runtime, container_id, path, max_bytes=max_bytes)
+    return got.data, got.problem
+
+
+def read_output_file(
+    runtime: SandboxRuntime, container_id: str, path: str, *, max_bytes: int
+) -> OutputRead:
+    """The regular file at ``path`` in the container, read engine-side, or why there is none
+    the agent could be scored on (missing, a directory or special file, too large, a link
+    loop). Symbolic links are followed (at most 8), each resolved in the container's tree.
 
     Raises ``CrucibleError`` for engine failures.
     """
@@ -283,28 +362,45 @@ def read_output(
         try:
             chunks = runtime.get_archive(container_id, current)
         except NotFound:
-            return None, f"no file at {path}" + (f" (link to {current})" if current != path else "")
+            where = f" (link to {current})" if current != path else ""
+            return OutputRead(data=None, problem=f"no file at {path}{where}")
         data = _read_capped(chunks, max_bytes + (64 << 10))
         if data is None:
-            return None, f"{path} is larger than {max_bytes} bytes"
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            member = tar.next()
-            if member is None:
-                return None, f"no file at {path}"
-            if member.issym():
-                target = member.linkname
-                base = posixpath.dirname(current)
-                current = posixpath.normpath(posixpath.join(base, target))
-                continue
-            if member.isdir():
-                return None, f"{path} is a directory, not a file"
-            if not member.isfile():
-                return None, f"{path} is not a regular file"
-            if member.size > max_bytes:
-                return None, f"{path} is larger than {max_bytes} bytes"
-            fh = tar.extractfile(member)
-            return (fh.read() if fh else b""), None
-    return None, f"{path}: more than {MAX_SYMLINKS} symbolic links"
+            return OutputRead(
+                data=None,
+                problem=f"{path} is larger than {max_bytes} bytes",
+                dodge="file_too_large",
+            )
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                member = tar.next()
+                if member is None:
+                    return OutputRead(data=None, problem=f"no file at {path}")
+                if member.issym():
+                    base = posixpath.dirname(current)
+                    current = posixpath.normpath(posixpath.join(base, member.linkname))
+                    continue
+                if member.isdir():
+                    return OutputRead(
+                        data=None, problem=f"{path} is a directory, not a file", dodge="not_a_file"
+                    )
+                if not member.isfile():
+                    return OutputRead(
+                        data=None, problem=f"{path} is not a regular file", dodge="not_a_file"
+                    )
+                if member.size > max_bytes:
+                    return OutputRead(
+                        data=None,
+                        problem=f"{path} is larger than {max_bytes} bytes",
+                        dodge="file_too_large",
+                    )
+                fh = tar.extractfile(member)
+                return OutputRead(data=fh.read() if fh else b"")
+        except tarfile.TarError as e:
+            raise VerifierFailure(f"reading {path}: the engine returned a bad archive: {e}") from e
+    return OutputRead(
+        data=None, problem=f"{path}: more than {MAX_SYMLINKS} symbolic links", dodge="link_loop"
+    )
 
 
 def _read_capped(chunks: Iterator[bytes], cap: int) -> bytes | None:
@@ -319,6 +415,95 @@ def _read_capped(chunks: Iterator[bytes], cap: int) -> bytes | None:
         if close is not None:
             close()
     return bytes(buf)
+
+
+# --------------------------------------------------------------------------- the bounded steps
+
+
+def gate_output(
+    data: bytes,
+    settings: CadSettings,
+    ref_volume: float,
+    ref_topology: geometry.Topology,
+) -> GateOutcome:
+    """The gates of module docstring steps 2 and 3 on the agent's file (runs in a bounded
+    worker; pure). Never raises for anything in ``data``."""
+    out = settings.output
+    facts: dict[str, Any] = {"file_bytes": len(data)}
+    try:
+        mesh = geometry.load_mesh(data, settings.format)
+    except geometry.MeshError as e:
+        dodge = "non_finite" if "non-finite" in str(e) else None
+        return GateOutcome(problem=f"{out}: {e}", gate="build", dodge=dodge, facts=facts)
+    facts["triangles"] = int(len(mesh.faces))
+    if len(mesh.faces) > settings.max_triangles:
+        return GateOutcome(
+            problem=f"{len(mesh.faces)} triangles exceed the limit of {settings.max_triangles}",
+            gate="build",
+            dodge="too_many_triangles",
+            facts=facts,
+        )
+    gated = geometry.gate(mesh)
+    if gated.reason is not None:
+        return GateOutcome(problem=gated.reason, gate="build", facts=facts)
+    shells = int(gated.mesh.body_count)
+    if shells > settings.max_shells:
+        return GateOutcome(
+            problem=f"{shells} separate shells exceed the limit of {settings.max_shells}",
+            gate="build",
+            dodge="too_many_shells",
+            facts=facts,
+        )
+    try:
+        topo = geometry.topology(gated.mesh)
+        vol = geometry.volume(gated.mesh)
+    except geometry.MeshError as e:
+        return GateOutcome(problem=str(e), gate="build", facts=facts)
+    facts["inverted_normals"] = gated.inverted
+    facts["components"], facts["genus"] = topo.components, topo.genus
+    private = {
+        "topology": asdict(topo),
+        "reference_topology": asdict(ref_topology),
+        "volume": vol,
+        "reference_volume": ref_volume,
+    }
+    if topo != ref_topology:
+        return GateOutcome(
+            problem=f"topology: the solid has {topo.components} connected component(s) of "
+            f"total genus {topo.genus} (through-holes); the part's differ",
+            gate="topology",
+            facts=facts,
+            private=private,
+        )
+    rel = geometry.relative_volume_error(vol, ref_volume)
+    private["volume_rel_error"] = rel
+    if rel >= settings.volume_zero:
+        return GateOutcome(
+            problem=f"volume: {vol:.6g} mm^3 is {settings.volume_zero:.0%} or more away from "
+            "the part's",
+            gate="volume",
+            facts=facts,
+            private=private,
+        )
+    return GateOutcome(
+        vertices=np.asarray(gated.mesh.vertices, dtype=np.float64),
+        faces=np.asarray(gated.mesh.faces, dtype=np.int64),
+        facts=facts,
+        private=private,
+    )
+
+
+def measure_arrays(
+    vertices: np.ndarray,
+    faces: np.ndarray,
+    ref_vertices: np.ndarray,
+    ref_faces: np.ndarray,
+    surface_zero_mm: float,
+) -> Measures:
+    """``measure`` on meshes given as arrays (runs in a bounded worker)."""
+    result = trimesh.Trimesh(vertices=vertices, faces=faces, process=False)
+    reference = trimesh.Trimesh(vertices=ref_vertices, faces=ref_faces, process=False)
+    return measure(result, reference, surface_zero_mm=surface_zero_mm)
 
 
 # --------------------------------------------------------------------------- measures and score
@@ -353,8 +538,10 @@ def measure(
 def score(
     measures: Measures, silhouette: float | None, settings: CadSettings
 ) -> tuple[float, dict[str, float]]:
-    """``(reward, components)`` from the measures and the worst silhouette IoU (None when
-    the render check is off: its weight is shared out over the others in proportion)."""
+    """``(reward, components)`` of a part that passed every gate, from its measures and the
+    worst silhouette IoU (None when the render check is off: ``refine`` is then the mean of
+    the other three). ``reward = core * (CORE_SHARE + (1 - CORE_SHARE) * refine)`` (module
+    docstring); components hold the scores only (raw measures are private)."""
     s = settings
     scores = {
         "iou": geometry.ramp_up(measures.iou, full=s.iou_full, zero=s.iou_zero),
@@ -371,22 +558,16 @@ def score(
             measures.bbox_deviation_mm, full=s.bbox_full_mm, zero=s.bbox_zero_mm
         ),
     }
-    raw = {
-        "iou_value": measures.iou,
-        "surface_deviation_mm": measures.surface_deviation_mm,
-        "chamfer_value": measures.chamfer,
-        "volume_rel_error": measures.volume_rel_error,
-        "bbox_deviation_mm": measures.bbox_deviation_mm,
-    }
     if silhouette is not None:
         scores["silhouette"] = geometry.ramp_up(
             silhouette, full=s.silhouette_full, zero=s.silhouette_zero
         )
-        raw["silhouette_value"] = silhouette
-    total_weight = sum(WEIGHTS[k] for k in scores)
-    reward = sum(WEIGHTS[k] * v for k, v in scores.items()) / total_weight
+    core = sum(scores[k] for k in CORE) / len(CORE)
+    refined = [scores[k] for k in REFINE if k in scores]
+    refine = sum(refined) / len(refined)
+    reward = core * (CORE_SHARE + (1 - CORE_SHARE) * refine)
     reward = round(min(1.0, max(0.0, reward)), 6)
-    return reward, {"gate": 1.0, **scores, **raw}
+    return reward, {"gate": 1.0, "topology": 1.0, "volume_gate": 1.0, "core": core, **scores}
 
 
 # --------------------------------------------------------------------------- render check
@@ -540,6 +721,35 @@ class _Clock:
             self.marks[name] = round((time.perf_counter() - t0) * 1e3, 1)
 
 
+class _Zero(Exception):
+    """The agent's part scores 0: ``reason`` (public), ``components``, and ``dodge``."""
+
+    def __init__(
+        self, reason: str, components: dict[str, float], *, dodge: str | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.reason, self.components, self.dodge = reason, components, dodge
+
+
+def _bounded(
+    fn: Callable[..., Any], *args: Any, settings: CadSettings, step: str, what: str
+) -> Any:
+    """``fn(*args)`` in a bounded worker; an exceeded bound is the agent's 0, a dodge named
+    ``<step>_<cause>`` (``measure_timeout``)."""
+    try:
+        return run_bounded(
+            fn,
+            *args,
+            timeout_s=settings.measure_timeout_s,
+            memory_mb=settings.measure_memory_mb,
+            what=what,
+        )
+    except BoundExceeded as e:
+        raise _Zero(e.message, {"gate": 0.0}, dodge=f"{step}_{e.cause}") from None
+    except WorkerUnavailable as e:
+        raise VerifierFailure(str(e)) from None
+
+
 def verify(
     runtime: SandboxRuntime,
     check: CadCheck,
@@ -559,6 +769,7 @@ def verify(
     settings = check.settings
     clock = _Clock()
     details: dict[str, Any] = {"output": settings.output, "format": settings.format}
+    private: dict[str, Any] = {}
 
     def done(
         status: Literal["ok", "error", "timeout"],
@@ -566,13 +777,16 @@ def verify(
         components: dict[str, float] | None = None,
         **extra: Any,
     ) -> VerifierResult:
+        out = {**details, **extra, "timing_ms": clock.marks}
+        if private:
+            out["private"] = private
         return VerifierResult(
             name=NAME,
             version=VERSION,
             status=status,
             reward=reward,
             components=components or {},
-            details={**details, **extra, "timing_ms": clock.marks},
+            details=out,
             duration_ms=(time.perf_counter() - t0) * 1e3,
         )
 
@@ -590,47 +804,77 @@ def verify(
         if settings.render:
             render_box = pool.submit(_timed, render_sandbox)
         with clock.time("reference"):
-            reference = load_reference(check.reference_path, settings.format)
+            ref = load_reference_part(check.reference_path, settings.format)
         with clock.time("read"):
-            data, problem = read_output(
+            got = read_output_file(
                 runtime, episode_container_id, settings.output, max_bytes=settings.max_file_bytes
             )
+        if got.data is None:
+            raise _Zero(got.problem or "no output", {"gate": 0.0}, dodge=got.dodge)
         with clock.time("gate"):
-            result, problem, gate_details = _gate(data, problem, settings)
-        details.update(gate_details)
-        if result is None:
-            return done("ok", 0.0, {"gate": 0.0}, gate=problem, passed=False)
+            gated: GateOutcome = _bounded(
+                gate_output,
+                got.data,
+                settings,
+                ref.volume,
+                ref.topology,
+                settings=settings,
+                step="gate",
+                what="reading and gating the mesh",
+            )
+        details.update(gated.facts)
+        private.update(gated.private)
+        if gated.problem is not None:
+            comps = {"gate": 1.0 if gated.gate != "build" else 0.0}
+            if gated.gate in ("topology", "volume"):
+                comps["topology"] = 1.0 if gated.gate == "volume" else 0.0
+            if gated.gate == "volume":
+                comps["volume_gate"] = 0.0
+            raise _Zero(gated.problem, comps, dodge=gated.dodge)
+        assert gated.vertices is not None and gated.faces is not None
         render = None
         if render_box is not None:
             render_cid, clock.marks["render_sandbox"] = render_box.result()
+            result_mesh = trimesh.Trimesh(vertices=gated.vertices, faces=gated.faces, process=False)
             render = pool.submit(
                 _timed,
                 render_silhouettes,
                 runtime,
                 render_cid,
-                result=result,
-                reference=reference,
+                result=result_mesh,
+                reference=ref.mesh,
                 settings=settings,
             )
         with clock.time("measure"):
-            measures = measure(result, reference, surface_zero_mm=settings.surface_zero_mm)
+            measures: Measures = _bounded(
+                measure_arrays,
+                gated.vertices,
+                gated.faces,
+                np.asarray(ref.mesh.vertices, dtype=np.float64),
+                np.asarray(ref.mesh.faces, dtype=np.int64),
+                settings.surface_zero_mm,
+                settings=settings,
+                step="measure",
+                what="measuring the mesh",
+            )
         silhouettes = None
         if render is not None:
             silhouettes, clock.marks["render"] = render.result()
         worst = min(silhouettes.values()) if silhouettes else None
         reward, components = score(measures, worst, settings)
+        private["measures"] = {
+            **asdict(measures),
+            "chamfer_x1e3": measures.chamfer * 1e3,
+            "silhouette_iou": silhouettes,
+        }
         return done(
-            "ok",
-            reward,
-            components,
-            measures={
-                **measures.__dict__,
-                "chamfer_x1e3": measures.chamfer * 1e3,
-                "silhouette_iou": silhouettes,
-            },
-            weights=WEIGHTS,
-            passed=reward >= check.pass_threshold,
+            "ok", reward, components, weights=WEIGHTS, passed=reward >= check.pass_threshold
         )
+    except _Zero as e:
+        extra: dict[str, Any] = {"gate": e.reason, "passed": False}
+        if e.dodge is not None:
+            extra["dodge"] = e.dodge
+        return done("ok", 0.0, e.components, **extra)
     except VerifierFailure as e:
         return done(e.status, None, reason=e.reason)
     except CrucibleError as e:
@@ -647,34 +891,6 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, floa
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, round((time.perf_counter() - t0) * 1e3, 1)
-
-
-def _gate(
-    data: bytes | None, problem: str | None, settings: CadSettings
-) -> tuple[trimesh.Trimesh | None, str | None, dict[str, Any]]:
-    """The gated result mesh, or None and the reason the agent's file scores 0."""
-    if data is None:
-        return None, problem, {}
-    try:
-        mesh = geometry.load_mesh(data, settings.format)
-    except geometry.MeshError as e:
-        return None, f"{settings.output}: {e}", {"file_bytes": len(data)}
-    facts: dict[str, Any] = {"file_bytes": len(data), "triangles": int(len(mesh.faces))}
-    if len(mesh.faces) > settings.max_triangles:
-        return (
-            None,
-            f"{len(mesh.faces)} triangles exceed the limit of {settings.max_triangles}",
-            facts,
-        )
-    gated = geometry.gate(mesh)
-    if gated.reason is not None:
-        return None, gated.reason, facts
-    try:
-        geometry.solid(gated.mesh)
-    except geometry.MeshError as e:
-        return None, str(e), facts
-    facts["inverted_normals"] = gated.inverted
-    return gated.mesh, None, facts
 
 
 def verify_episode(task: Task, end: EndState) -> VerifierResult:

@@ -33,18 +33,35 @@ Field types and how one is scored (each field scores in [0, 1]):
   * ``text``: ``value`` (+ ``aliases``); the score is ANLS (``anls``, threshold 0.5 by
     default): partial credit ``1 - NL`` for a near miss, 0 past the threshold.
 
-Reward: the weighted mean of the field scores (``weight`` defaults to 1), so with
-unit weights it is the fraction of fields right, text fields counting their ANLS.
+Reward. With ``n`` the weighted mean score of the fields that are not guessable, ``g``
+that of the guessable ones (``"guessable": true``: the instruction alone gives the value
+away, e.g. the currency of the country it names, a period end it states), and ``W_n``,
+``W_g`` their total weights: ``reward = n * (W_n + W_g * g) / (W_n + W_g)``. A guessable
+field counts like any other when the rest is right, in proportion when it is partly right,
+and not at all on its own. Without guessable fields it is the weighted mean (``weight``
+defaults to 1): the fraction of fields right, text fields counting their ANLS.
 Components: ``field.<key>`` (each score), ``fields_right`` (scores of exactly 1) and
 ``fields_total``. Keys in the answer that the ground truth does not name are ignored
 (listed in ``details.unknown_keys``).
 
-A string value longer than ``MAX_VALUE_CHARS`` (1000) scores 0 unread.
+What tenants see: ``details.fields.<key>`` holds the field's ``score`` and, when it lost
+points, a ``reason`` code (``missing``, ``too_long``, ``wrong_type``, ``unparseable``,
+``out_of_range``, ``mismatch``, ``partial``), never the expected value. The expected
+value, the answer as read and the full explanation are in ``details["private"]`` (admins
+only; ``service.rewards.redact``).
 
-Outcomes: a missing, oversized (> 1 MiB), non-regular, non-UTF-8, non-JSON or non-object
-``answer.json`` is the agent's outcome: ``status="ok"``, reward 0, the reason in
-``details.reason``. A malformed task (no or invalid ground truth, unknown settings) or a
-runtime failure is ``status="error"`` with reward None (excluded from loss, retried).
+Caps (each scores 0 with the reason, status ok): ``answer.json`` over 1 MiB, not UTF-8,
+nested deeper than ``MAX_JSON_DEPTH``, with more than ``MAX_ANSWER_KEYS`` keys, ``NaN`` /
+``Infinity``; a string value over ``MAX_VALUE_CHARS`` (1000) characters or a number out
+of range (``normalize.OutOfRange``) scores 0 for that field. Parsing and scoring run in a
+bounded worker (``service.verifiers.bounded``: ``PARSE_TIMEOUT_S``, ``PARSE_MEMORY_MB``);
+past a limit, or if it crashes, the answer scores 0.
+
+Outcomes: a missing answer scores 0 (``details.reason``). One that is a directory, a
+link, a FIFO, oversized, not UTF-8, too deep, or past a worker limit scores 0 with the
+cause in ``details["dodge"]`` too; not JSON or not an object scores 0. A malformed task
+(no or invalid ground truth, unknown settings), a runtime failure or no worker process is
+``status="error"`` with reward None (excluded from loss, retried).
 """
 
 from __future__ import annotations
@@ -66,12 +83,14 @@ from service.errors import CrucibleError, NotFound, VerifierError
 from service.runtime.base import SandboxRuntime
 from service.tasks.models import Task
 from service.verifiers.base import VerifierResult
+from service.verifiers.bounded import BoundExceeded, WorkerUnavailable, run_bounded
 from service.verifiers.normalize import (
     ISO_CODES,
     SCALES,
     BareRule,
     DateOrder,
     NormalizationError,
+    OutOfRange,
     anls,
     json_repr,
     parse_amount,
@@ -83,11 +102,18 @@ from service.verifiers.normalize import (
 from service.verifiers.registry import EndState, register
 
 NAME = "document"
-VERSION = "1"
+VERSION = "2"
 #: Largest ``answer.json`` read, in bytes; a larger one scores 0.
 MAX_ANSWER_BYTES = 1 << 20
 #: Longest string value scored, in characters; a longer one scores 0 without being parsed.
 MAX_VALUE_CHARS = 1000
+#: Deepest nesting of ``answer.json`` (an object of scalars is 1); deeper scores 0.
+MAX_JSON_DEPTH = 16
+#: Most keys in the answer object; more score 0.
+MAX_ANSWER_KEYS = 1000
+#: Wall-clock (s) and memory (MiB) limits of parsing and scoring, in a bounded worker.
+PARSE_TIMEOUT_S = 10.0
+PARSE_MEMORY_MB = 1024
 DEFAULT_GROUND_TRUTH = "expected.json"
 ANSWER_FILE = "answer.json"
 _SETTINGS = frozenset({"answer_path", "ground_truth"})
@@ -111,12 +137,15 @@ class Tolerance(BaseModel):
 
 
 class _FieldBase(BaseModel):
-    """What every field has: ``weight`` in the reward, ``evidence`` (the strings the document
-    prints for it; used by the corpus checks, never by scoring)."""
+    """What every field has: ``weight`` in the reward, ``guessable`` (the instruction alone
+    gives the value away: the field earns credit only in proportion to the others, see
+    ``combine``), ``evidence`` (the strings the document prints for it; used by the corpus
+    checks, never by scoring)."""
 
     model_config = ConfigDict(extra="forbid")
 
     weight: float = Field(1.0, ge=0)
+    guessable: bool = False
     evidence: list[str] = Field(default_factory=list)
 
 
@@ -210,8 +239,8 @@ class GroundTruth(BaseModel):
     @field_validator("fields")
     @classmethod
     def _some_weight(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if sum(f.weight for f in value.values()) <= 0:
-            raise ValueError("the field weights add up to 0")
+        if sum(f.weight for f in value.values() if not f.guessable) <= 0:
+            raise ValueError("the weights of the fields that are not guessable add up to 0")
         return value
 
 
@@ -233,28 +262,42 @@ def load_ground_truth(path: Path) -> GroundTruth:
 
 # --------------------------------------------------------------------------- scoring
 
+#: The public reason of a field that lost points: what kind of miss, never the truth.
+ReasonCode = Literal[
+    "missing", "too_long", "wrong_type", "unparseable", "out_of_range", "mismatch", "partial"
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class FieldScore:
-    """One field's outcome: ``score`` in [0, 1], what the answer was read as, and why it lost
-    points (None when it scored 1)."""
+    """One field's outcome: ``score`` in [0, 1]; ``reason`` (public: a ``ReasonCode``, None
+    when it scored 1); ``detail`` (private: the full explanation, which may name the truth)
+    and what the answer was read as (``normalized``, private)."""
 
     score: float
+    reason: ReasonCode | None = None
+    detail: str | None = None
     normalized: str | None = None
-    reason: str | None = None
 
-    def as_dict(self, *, expected: str, given: object) -> dict[str, Any]:
-        """The JSON form kept in the verifier details."""
-        out: dict[str, Any] = {"score": self.score, "expected": expected, "given": given}
-        if self.normalized is not None:
-            out["normalized"] = self.normalized
+    def public(self) -> dict[str, Any]:
+        """What a tenant sees of this field: its score and reason code."""
+        out: dict[str, Any] = {"score": self.score}
         if self.reason is not None:
             out["reason"] = self.reason
         return out
 
+    def private(self, *, expected: str, given: object) -> dict[str, Any]:
+        """What only an admin sees: the truth, the answer, how it was read, why it lost."""
+        out: dict[str, Any] = {"expected": expected, "given": given}
+        if self.normalized is not None:
+            out["normalized"] = self.normalized
+        if self.detail is not None:
+            out["detail"] = self.detail
+        return out
+
 
 def expected_text(spec: FieldSpec) -> str:
-    """The truth of a field as a short human-readable string (for details)."""
+    """The truth of a field as a short human-readable string (for private details)."""
     if isinstance(spec, MoneyField):
         return f"{spec.value} {spec.currency} ({spec.scale})"
     if isinstance(spec, NumberField):
@@ -271,62 +314,62 @@ def _plain(number: Decimal) -> str:
     return "0" if text in ("-0", "") else text
 
 
+def _verdict(ok: bool, normalized: str, detail: str) -> FieldScore:
+    if ok:
+        return FieldScore(score=1.0, normalized=normalized)
+    return FieldScore(score=0.0, reason="mismatch", detail=detail, normalized=normalized)
+
+
 def score_field(spec: FieldSpec, given: object) -> FieldScore:
-    """Score one answer value against its field (pure; never raises)."""
+    """Score one answer value against its field (pure; never raises for any JSON value)."""
     if given is None:
-        return FieldScore(score=0.0, reason="no answer")
+        return FieldScore(score=0.0, reason="missing", detail="no answer")
     if isinstance(given, str) and len(given) > MAX_VALUE_CHARS:
-        return FieldScore(score=0.0, reason=f"longer than {MAX_VALUE_CHARS} characters")
+        return FieldScore(
+            score=0.0, reason="too_long", detail=f"longer than {MAX_VALUE_CHARS} characters"
+        )
+    if not isinstance(given, str | int | float) or isinstance(given, bool):
+        return FieldScore(
+            score=0.0, reason="wrong_type", detail=f"expected a scalar, got {json_repr(given)}"
+        )
     try:
         if isinstance(spec, NumberField):
             return _score_number(spec, given)
         if isinstance(spec, PercentField):
             points = percent_points(given, bare=spec.bare)
             ok = spec.tolerance.allows(abs(points - spec.value), spec.value)
-            return FieldScore(
-                score=1.0 if ok else 0.0,
-                normalized=f"{_plain(points)}%",
-                reason=None if ok else f"{_plain(points)}% is not {spec.value}%",
-            )
+            return _verdict(ok, f"{_plain(points)}%", f"{_plain(points)}% is not {spec.value}%")
         if isinstance(spec, DateField):
             date = parse_date(given, order=spec.order)
-            ok = date == spec.value
-            return FieldScore(
-                score=1.0 if ok else 0.0,
-                normalized=date.isoformat(),
-                reason=None if ok else f"{date.isoformat()} is not {spec.value.isoformat()}",
-            )
+            iso = date.isoformat()
+            return _verdict(date == spec.value, iso, f"{iso} is not {spec.value.isoformat()}")
         if isinstance(spec, CurrencyField):
             code = parse_currency(given)
-            ok = code == spec.value
-            return FieldScore(
-                score=1.0 if ok else 0.0,
-                normalized=code,
-                reason=None if ok else f"{code} is not {spec.value}",
-            )
+            return _verdict(code == spec.value, code, f"{code} is not {spec.value}")
         return _score_text(spec, given)
+    except OutOfRange as e:
+        return FieldScore(score=0.0, reason="out_of_range", detail=str(e))
     except NormalizationError as e:
-        return FieldScore(score=0.0, reason=f"unreadable: {e}")
+        return FieldScore(score=0.0, reason="unparseable", detail=f"unreadable: {e}")
 
 
 def _score_number(spec: NumberField, given: object) -> FieldScore:
     amount = parse_amount(given)
     if amount.percent:
-        return FieldScore(score=0.0, reason="a percentage where an amount was asked for")
+        return FieldScore(
+            score=0.0, reason="wrong_type", detail="a percentage where an amount was asked for"
+        )
     want = spec.currency if isinstance(spec, MoneyField) else None
     if amount.currency is not None and amount.currency != want:
         return FieldScore(
             score=0.0,
-            reason=f"currency {amount.currency} where {want or 'no currency'} was asked for",
+            reason="mismatch",
+            detail=f"currency {amount.currency} where {want or 'no currency'} was asked for",
         )
     value = to_scale(amount, scale=spec.scale)
     shown = f"{_plain(value)} ({spec.scale})"
     ok = spec.tolerance.allows(abs(value - spec.value), spec.value)
-    return FieldScore(
-        score=1.0 if ok else 0.0,
-        normalized=shown,
-        reason=None if ok else f"{shown} is not {spec.value} within {_tolerance_text(spec)}",
-    )
+    return _verdict(ok, shown, f"{shown} is not {spec.value} within {_tolerance_text(spec)}")
 
 
 def _tolerance_text(spec: NumberField) -> str:
@@ -336,70 +379,143 @@ def _tolerance_text(spec: NumberField) -> str:
     return " or ".join(parts) or "exactly"
 
 
-def _score_text(spec: TextField, given: object) -> FieldScore:
-    if isinstance(given, bool) or not isinstance(given, str | int | float):
-        return FieldScore(score=0.0, reason=f"expected text, got {json_repr(given)}")
+def _score_text(spec: TextField, given: str | int | float) -> FieldScore:
     text = given if isinstance(given, str) else json.dumps(given)
-    score = anls(text, [spec.value, *spec.aliases], threshold=spec.threshold)
+    score = round(anls(text, [spec.value, *spec.aliases], threshold=spec.threshold), 6)
+    if score == 1.0:
+        return FieldScore(score=1.0, normalized=text)
     return FieldScore(
-        score=round(score, 6),
+        score=score,
+        reason="partial" if score > 0 else "mismatch",
+        detail=f"ANLS {score:.3f} against {spec.value!r}",
         normalized=text,
-        reason=None if score == 1.0 else f"ANLS {score:.3f} against {spec.value!r}",
     )
 
 
-def parse_answer(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(the answer object, None) or (None, why it cannot be scored)."""
+@dataclass(frozen=True, kw_only=True)
+class AnswerProblem:
+    """Why an ``answer.json`` cannot be scored at all; ``dodge`` names the cause when it is a
+    cap or an unreadable file rather than a plain wrong answer."""
+
+    reason: str
+    dodge: str | None = None
+
+
+def _depth(value: object) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_answer(data: bytes) -> tuple[dict[str, Any] | None, AnswerProblem | None]:
+    """(the answer object, None) or (None, why it cannot be scored). Caps: ``MAX_ANSWER_BYTES``,
+    ``MAX_JSON_DEPTH``, ``MAX_ANSWER_KEYS``; ``NaN``/``Infinity`` are not JSON."""
     if len(data) > MAX_ANSWER_BYTES:
-        return None, f"{ANSWER_FILE} is larger than {MAX_ANSWER_BYTES} bytes"
+        return None, AnswerProblem(
+            reason=f"{ANSWER_FILE} is larger than {MAX_ANSWER_BYTES} bytes",
+            dodge="answer_too_large",
+        )
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        return None, f"{ANSWER_FILE} is not UTF-8 (byte {e.start})"
+        return None, AnswerProblem(
+            reason=f"{ANSWER_FILE} is not UTF-8 (byte {e.start})", dodge="not_utf8"
+        )
     try:
-        answer = json.loads(text)
+        answer = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        return None, AnswerProblem(
+            reason=f"{ANSWER_FILE} is nested deeper than {MAX_JSON_DEPTH} levels",
+            dodge="json_too_deep",
+        )
     except ValueError as e:
-        return None, f"{ANSWER_FILE} is not valid JSON: {e}"
+        return None, AnswerProblem(reason=f"{ANSWER_FILE} is not valid JSON: {str(e)[:200]}")
+    if _depth(answer) > MAX_JSON_DEPTH:
+        return None, AnswerProblem(
+            reason=f"{ANSWER_FILE} is nested deeper than {MAX_JSON_DEPTH} levels",
+            dodge="json_too_deep",
+        )
     if not isinstance(answer, dict):
         kind = type(answer).__name__ if answer is not None else "null"
-        return None, f"{ANSWER_FILE} must hold a JSON object of fields, not {kind}"
+        return None, AnswerProblem(
+            reason=f"{ANSWER_FILE} must hold a JSON object of fields, not {kind}"
+        )
+    if len(answer) > MAX_ANSWER_KEYS:
+        return None, AnswerProblem(
+            reason=f"{ANSWER_FILE} has more than {MAX_ANSWER_KEYS} keys", dodge="too_many_keys"
+        )
     return answer, None
+
+
+def combine(scores: dict[str, float], truth: GroundTruth) -> float:
+    """The reward from the field scores (module docstring): with ``n`` the weighted mean
+    score of the non-guessable fields and ``g`` that of the guessable ones, ``W_n``, ``W_g``
+    their weights, ``reward = n * (W_n + W_g * g) / (W_n + W_g)``."""
+    w_n = w_g = s_n = s_g = 0.0
+    for key, spec in truth.fields.items():
+        if spec.guessable:
+            w_g, s_g = w_g + spec.weight, s_g + spec.weight * scores[key]
+        else:
+            w_n, s_n = w_n + spec.weight, s_n + spec.weight * scores[key]
+    n = s_n / w_n
+    g = s_g / w_g if w_g else 0.0
+    return round(n * (w_n + w_g * g) / (w_n + w_g), 9)
+
+
+def zero_result(reason: str, truth: GroundTruth, *, dodge: str | None = None) -> VerifierResult:
+    """Reward 0 for an answer that cannot be scored at all (status ok)."""
+    components: dict[str, float] = {f"field.{key}": 0.0 for key in truth.fields}
+    components.update(fields_right=0.0, fields_total=float(len(truth.fields)))
+    details: dict[str, Any] = {"reason": reason, "passed": False}
+    if dodge is not None:
+        details["dodge"] = dodge
+    return VerifierResult(
+        name=NAME, version=VERSION, status="ok", reward=0.0, components=components, details=details
+    )
 
 
 def score_answer(
     truth: GroundTruth, data: bytes | None, *, problem: str | None = None
 ) -> VerifierResult:
     """Score the bytes of ``answer.json`` (None when it could not be read, with ``problem``
-    saying why) against ``truth``. Pure; the status is always ``ok``."""
-    components: dict[str, float] = {f"field.{key}": 0.0 for key in truth.fields}
-    components.update(fields_right=0.0, fields_total=float(len(truth.fields)))
-    answer = None
-    if data is not None:
-        answer, problem = parse_answer(data)
+    saying why) against ``truth``. Pure; the status is always ``ok``. Public details: per
+    field its score and reason code; ``details["private"]["fields"]`` holds the truth."""
+    if data is None:
+        return zero_result(problem or f"no {ANSWER_FILE}", truth)
+    answer, bad = parse_answer(data)
     if answer is None:
-        return VerifierResult(
-            name=NAME,
-            version=VERSION,
-            status="ok",
-            reward=0.0,
-            components=components,
-            details={"reason": problem or f"no {ANSWER_FILE}", "passed": False},
-        )
-    fields: dict[str, Any] = {}
-    total_weight = sum(spec.weight for spec in truth.fields.values())
-    weighted = 0.0
+        assert bad is not None
+        return zero_result(bad.reason, truth, dodge=bad.dodge)
+    components: dict[str, float] = {}
+    public: dict[str, Any] = {}
+    private: dict[str, Any] = {}
+    scores: dict[str, float] = {}
     for key, spec in truth.fields.items():
         given = answer.get(key)
         result = score_field(spec, given)
+        scores[key] = result.score
         components[f"field.{key}"] = result.score
-        components["fields_right"] += result.score == 1.0
-        weighted += spec.weight * result.score
-        fields[key] = result.as_dict(expected=expected_text(spec), given=_short(given))
-    reward = round(weighted / total_weight, 9)
-    details: dict[str, Any] = {"fields": fields, "passed": reward >= 1.0}
+        public[key] = result.public()
+        private[key] = result.private(expected=expected_text(spec), given=_short(given))
+    components["fields_right"] = float(sum(s == 1.0 for s in scores.values()))
+    components["fields_total"] = float(len(truth.fields))
+    reward = combine(scores, truth)
+    details: dict[str, Any] = {"fields": public, "passed": reward >= 1.0}
     unknown = sorted(k for k in answer if k not in truth.fields)
     if unknown:
-        details["unknown_keys"] = unknown[:50]
+        details["unknown_keys"] = [_short(k) for k in unknown[:50]]
+    details["private"] = {"fields": private}
     return VerifierResult(
         name=NAME,
         version=VERSION,
@@ -415,7 +531,7 @@ def _short(value: object) -> object:
     if isinstance(value, str):
         return value if len(value) <= 200 else value[:197] + "..."
     if value is None or isinstance(value, bool | int | float):
-        return value
+        return value if not isinstance(value, int) or value.bit_length() < 64 else json_repr(value)
     return json_repr(value)
 
 
@@ -455,22 +571,27 @@ def check_for(task: Task) -> DocumentCheck:
     return DocumentCheck(truth=load_ground_truth(path), answer_path=answer_path)
 
 
-def read_file(runtime: SandboxRuntime, container_id: str, path: str) -> tuple[bytes | None, str]:
-    """(bytes, "") of a regular file read engine-side, or (None, why not).
+def read_file(
+    runtime: SandboxRuntime, container_id: str, path: str
+) -> tuple[bytes | None, str, str | None]:
+    """``(bytes, "", None)`` of a regular file read engine-side, or ``(None, why not, dodge)``
+    where ``dodge`` names the cause when the path holds something other than a missing file
+    (a directory, a link, a FIFO or another special file, a file over the cap).
 
     Raises ``CrucibleError`` for runtime failures other than a missing path.
     """
     try:
         stream = runtime.get_archive(container_id, path)
     except NotFound:
-        return None, f"{path} does not exist"
+        return None, f"{path} does not exist", None
     buf = bytearray()
     limit = MAX_ANSWER_BYTES + (64 << 10)  # the tar header and padding on top of the file
+    too_large = f"{path} is larger than {MAX_ANSWER_BYTES} bytes"
     try:
         for chunk in stream:
             buf += chunk
             if len(buf) > limit:
-                return None, f"{path} is larger than {MAX_ANSWER_BYTES} bytes"
+                return None, too_large, "answer_too_large"
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
@@ -479,15 +600,44 @@ def read_file(runtime: SandboxRuntime, container_id: str, path: str) -> tuple[by
         with tarfile.open(fileobj=io.BytesIO(bytes(buf))) as tar:
             member = tar.next()
             if member is None:
-                return None, f"{path} does not exist"
+                return None, f"{path} does not exist", None
             if not member.isfile():
-                return None, f"{path} is not a regular file (a directory or a link)"
+                kind = (
+                    "a directory"
+                    if member.isdir()
+                    else "a link"
+                    if member.issym()
+                    else ("a FIFO" if member.isfifo() else "a special file")
+                )
+                return None, f"{path} is not a regular file ({kind})", "not_a_file"
             if member.size > MAX_ANSWER_BYTES:
-                return None, f"{path} is larger than {MAX_ANSWER_BYTES} bytes"
+                return None, too_large, "answer_too_large"
             fh = tar.extractfile(member)
-            return (fh.read() if fh else b""), ""
+            return (fh.read() if fh else b""), "", None
     except tarfile.TarError as e:
         raise VerifierError(f"reading {path}: the engine returned a bad archive: {e}") from e
+
+
+def score_bounded(truth: GroundTruth, data: bytes) -> VerifierResult:
+    """``score_answer`` in a bounded worker (``PARSE_TIMEOUT_S``, ``PARSE_MEMORY_MB``): an
+    answer that makes parsing run out of time or memory, or crash, scores 0 with the cause
+    in ``details["dodge"]`` (``parse_timeout``, ``parse_memory``, ``parse_crashed``).
+
+    Raises ``VerifierError`` when no worker can be started (Crucible's failure).
+    """
+    try:
+        return run_bounded(
+            score_answer,
+            truth,
+            data,
+            timeout_s=PARSE_TIMEOUT_S,
+            memory_mb=PARSE_MEMORY_MB,
+            what=f"parsing {ANSWER_FILE}",
+        )
+    except BoundExceeded as e:
+        return zero_result(e.message, truth, dodge=f"parse_{e.cause}")
+    except WorkerUnavailable as e:
+        raise VerifierError(str(e)) from None
 
 
 def verify_episode(task: Task, end: EndState) -> VerifierResult:
@@ -506,8 +656,11 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
 
     try:
         check = check_for(task)
-        data, problem = read_file(end.runtime, end.episode_container_id, check.answer_path)
-        result = score_answer(check.truth, data, problem=problem or None)
+        data, problem, dodge = read_file(end.runtime, end.episode_container_id, check.answer_path)
+        if data is None:
+            result = zero_result(problem, check.truth, dodge=dodge)
+        else:
+            result = score_bounded(check.truth, data)
     except VerifierError as e:
         return failed(e.detail)
     except CrucibleError as e:

@@ -30,6 +30,11 @@ Definitions:
   segments moves it by at most the sagitta r (1 - cos(pi / n)) (0.012 mm at r = 10).
   It is never smaller than ``bbox_deviation``.
 * **silhouette IoU**: ``|A ∧ B| / |A ∨ B|`` of two boolean masks (1.0 when both are empty).
+* **topology** of a solid: its number of connected components and its genus (the number of
+  through-holes, handles), from the Euler characteristic of each closed component,
+  ``chi = V - E + F = 2 - 2g`` (manifold3d's ``decompose`` and ``genus``), after
+  overlapping shells are merged (``solid``). A plate with four through-holes: one
+  component of genus 4; the same plate without them: genus 0.
 """
 
 from __future__ import annotations
@@ -153,6 +158,22 @@ def _manifold(mesh: trimesh.Trimesh) -> manifold3d.Manifold:
     if status != manifold3d.Error.NoError:
         raise MeshError(f"not a manifold solid (manifold3d: {status.name})")
     return m
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """``components`` (connected pieces of the solid) and ``genus`` (their summed genus:
+    through-holes and handles)."""
+
+    components: int
+    genus: int
+
+
+def topology(mesh: trimesh.Trimesh) -> Topology:
+    """The topology of the solid a gated ``mesh`` bounds (module docstring). Raises
+    ``MeshError`` when manifold3d rejects the mesh."""
+    parts = solid(mesh).decompose()
+    return Topology(components=len(parts), genus=sum(int(p.genus()) for p in parts))
 
 
 def volume(mesh: trimesh.Trimesh) -> float:

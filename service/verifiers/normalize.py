@@ -32,6 +32,8 @@ Numbers (``parse_amount``), read as: ``prefix NUMBER suffix``, exactly one numbe
     a percentage in points; ``bp``/``bps``/``basis points`` are hundredths of a point.
   * A bare JSON number is used as it is (``True``/``False`` are not numbers); ``1.2e6``
     style exponents are accepted.
+  * Range: a number (scale word applied) of magnitude 1e19 or more, a non-zero one below
+    1e-18, one with more than 40 digits, or a non-finite one is refused (``OutOfRange``).
 
 Percentages (``percent_points``): a value with a percent sign or word is in points
 (``"12.5%"`` = 12.5). A bare number follows the field's ``bare`` rule: ``auto`` (default)
@@ -222,6 +224,29 @@ class NormalizationError(ValueError):
     """A value could not be read under the rules of this module."""
 
 
+class OutOfRange(NormalizationError):
+    """A number outside what any answer needs: magnitude ``>= 10**(MAX_EXPONENT + 1)``, a
+    non-zero magnitude below ``10**-MAX_EXPONENT``, or more than ``MAX_DIGITS`` digits
+    (so no later step formats or scales a number of a billion digits)."""
+
+
+#: Largest decimal exponent of a number read (``|x| < 1e19``; smallest non-zero ``1e-18``).
+MAX_EXPONENT = 18
+#: Most significant digits of a number read.
+MAX_DIGITS = 40
+
+
+def bounded(number: Decimal, original: object) -> Decimal:
+    """``number`` itself when it is within range, else ``OutOfRange``."""
+    if not number.is_finite():
+        raise OutOfRange(f"{json_repr(original)} is not a finite number")
+    if len(number.as_tuple().digits) > MAX_DIGITS:
+        raise OutOfRange(f"{json_repr(original)} has more than {MAX_DIGITS} digits")
+    if number and not -MAX_EXPONENT <= number.adjusted() <= MAX_EXPONENT:
+        raise OutOfRange(f"{json_repr(original)} is out of range (|x| < 1e{MAX_EXPONENT + 1})")
+    return number
+
+
 @dataclass(frozen=True, kw_only=True)
 class Amount:
     """A number as written: ``number`` with its sign, before any scale word is applied.
@@ -308,16 +333,18 @@ def parse_amount(value: object) -> Amount:
     if isinstance(value, bool) or value is None:
         raise NormalizationError(f"expected a number, got {json_repr(value)}")
     if isinstance(value, int):
-        return Amount(number=Decimal(value))
+        if value.bit_length() > 4 * MAX_DIGITS:
+            raise OutOfRange(f"an integer of {value.bit_length()} bits is out of range")
+        return Amount(number=bounded(Decimal(value), value))
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise NormalizationError(f"{value} is not a finite number")
-        return Amount(number=Decimal(repr(value)))
+            raise OutOfRange(f"{value} is not a finite number")
+        return Amount(number=bounded(Decimal(repr(value)), value))
     if not isinstance(value, str):
         raise NormalizationError(f"expected a number or a string, got {json_repr(value)}")
     text = " ".join(value.split())
     if _EXPONENT_RE.fullmatch(text):
-        return Amount(number=Decimal(text))
+        return Amount(number=bounded(Decimal(text), value))
     if m := _IN_SCALE_RE.fullmatch(text):  # "1,234 (in thousands of euros)"
         text = f"{m.group(1)} {m.group(2)}"
     cores = list(_CORE_RE.finditer(text))
@@ -326,7 +353,7 @@ def parse_amount(value: object) -> Amount:
     if len(cores) > 1:
         raise NormalizationError(f"{value!r}: more than one number")
     core = cores[0]
-    number = parse_number_text(core.group())
+    number = bounded(parse_number_text(core.group()), value)
     prefix, suffix = text[: core.start()], text[core.end() :]
     negative = False
     currencies: set[str] = set()
@@ -386,6 +413,8 @@ def parse_amount(value: object) -> Amount:
         number = -number
     if percent is not None:
         number = number * percent
+    if scale is not None:
+        bounded(number.scaleb(scale), value)
     return Amount(
         number=number,
         scale_exp=scale,

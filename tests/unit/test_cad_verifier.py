@@ -8,13 +8,14 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import manifold3d
 import numpy as np
 import pytest
 import trimesh
 from PIL import Image
 
 from service.errors import NotFound
-from service.verifiers import cad
+from service.verifiers import cad, geometry
 from service.verifiers.cad import CadSettings, Measures, VerifierFailure
 
 SETTINGS = CadSettings(output="/app/out/part.stl", format="stl")
@@ -68,22 +69,26 @@ def test_exact_reproduction_scores_exactly_one() -> None:
     reward, comps = cad.score(measures(), 1.0, SETTINGS)
     assert reward == 1.0
     assert {k: comps[k] for k in cad.WEIGHTS} == dict.fromkeys(cad.WEIGHTS, 1.0)
-    assert comps["gate"] == 1.0 and comps["silhouette_value"] == 1.0
+    assert comps["gate"] == comps["topology"] == comps["volume_gate"] == comps["core"] == 1.0
+    # raw measures never become components (they are private details)
+    assert not any(k.endswith(("_value", "_mm", "_error")) for k in comps)
 
 
 def test_weights_sum_to_one() -> None:
     assert sum(cad.WEIGHTS.values()) == pytest.approx(1.0, abs=1e-12)
 
 
-def test_each_component_costs_its_weight() -> None:
-    worst = {
-        "iou": measures(iou=0.5),
-        "surface": measures(surface_deviation_mm=3.0),
+def test_core_terms_multiply_and_refine_terms_add() -> None:
+    # reward = core * (0.6 + 0.4 * refine); core = mean(iou, surface)
+    reward, comps = cad.score(measures(iou=0.5), 1.0, SETTINGS)
+    assert comps["iou"] == 0.0 and comps["core"] == 0.5 and reward == pytest.approx(0.5)
+    reward, _ = cad.score(measures(iou=0.5, surface_deviation_mm=3.0), 1.0, SETTINGS)
+    assert reward == 0.0  # every refine term right, the shape wrong: nothing
+    for name, m in {
         "chamfer": measures(chamfer=1.0),
         "volume": measures(volume_rel_error=0.5),
         "bbox": measures(bbox_deviation_mm=5.0),
-    }
-    for name, m in worst.items():
+    }.items():
         reward, comps = cad.score(m, 1.0, SETTINGS)
         assert comps[name] == 0.0
         assert reward == pytest.approx(1.0 - cad.WEIGHTS[name]), name
@@ -92,19 +97,19 @@ def test_each_component_costs_its_weight() -> None:
 
 
 def test_partial_scores_are_linear_between_bounds() -> None:
-    # IoU halfway between zero (0.90) and full (0.99) credit: half of its 0.3 weight.
+    # IoU halfway between zero (0.90) and full (0.99) credit: core 0.75.
     reward, comps = cad.score(measures(iou=0.945), 1.0, SETTINGS)
-    assert comps["iou"] == pytest.approx(0.5) and reward == pytest.approx(0.85)
+    assert comps["iou"] == pytest.approx(0.5) and reward == pytest.approx(0.75)
     # A surface deviation of 0.55 mm: halfway between 0.1 and 1.0 mm.
     reward, comps = cad.score(measures(surface_deviation_mm=0.55), 1.0, SETTINGS)
-    assert comps["surface"] == pytest.approx(0.5) and reward == pytest.approx(0.85)
+    assert comps["surface"] == pytest.approx(0.5) and reward == pytest.approx(0.75)
 
 
-def test_render_off_shares_the_silhouette_weight_out() -> None:
+def test_render_off_leaves_the_silhouette_out_of_refine() -> None:
     reward, comps = cad.score(measures(), None, SETTINGS)
     assert reward == 1.0 and "silhouette" not in comps
-    reward, _ = cad.score(measures(iou=0.5), None, SETTINGS)
-    assert reward == pytest.approx(1 - 0.3 / 0.9)
+    reward, _ = cad.score(measures(bbox_deviation_mm=5.0), None, SETTINGS)
+    assert reward == pytest.approx(0.6 + 0.4 * 2 / 3)
 
 
 def test_surface_deviation_is_skipped_when_the_bbox_already_scores_zero() -> None:
@@ -192,20 +197,64 @@ def test_read_output_reasons(files: dict[str, object], reason: str) -> None:
 # --------------------------------------------------------------------------- gate of the verifier
 
 
+BOX = trimesh.creation.box(bounds=[[0, 0, 0], [10, 10, 10]])
+BOX_TOPOLOGY = geometry.Topology(components=1, genus=0)
+
+
+def gate(data: bytes, settings: CadSettings = SETTINGS) -> cad.GateOutcome:
+    return cad.gate_output(data, settings, 1000.0, BOX_TOPOLOGY)
+
+
 def test_gate_reasons_name_the_problem() -> None:
-    box = trimesh.creation.box(extents=(1, 1, 1))
-    mesh, problem, facts = cad._gate(box.export(file_type="stl"), None, SETTINGS)
-    assert problem is None and mesh is not None and facts["triangles"] == 12
-    open_box = box.copy()
+    g = gate(BOX.export(file_type="stl"))
+    assert g.problem is None and g.vertices is not None and g.facts["triangles"] == 12
+    assert g.private["reference_volume"] == 1000.0
+    open_box = BOX.copy()
     open_box.update_faces(np.arange(12) != 0)
-    mesh, problem, _ = cad._gate(open_box.export(file_type="stl"), None, SETTINGS)
-    assert mesh is None and problem is not None and "not watertight" in problem
+    g = gate(open_box.export(file_type="stl"))
+    assert (g.gate, g.vertices) == ("build", None) and "not watertight" in (g.problem or "")
     small = CadSettings(output="/a.stl", format="stl", max_triangles=10)
-    _, problem, _ = cad._gate(box.export(file_type="stl"), None, small)
-    assert problem == "12 triangles exceed the limit of 10"
-    _, problem, _ = cad._gate(b"garbage", None, SETTINGS)
-    assert problem is not None and problem.startswith("/app/out/part.stl:")
-    assert cad._gate(None, "no file at /x", SETTINGS)[1] == "no file at /x"
+    g = gate(BOX.export(file_type="stl"), small)
+    assert (g.problem, g.dodge) == ("12 triangles exceed the limit of 10", "too_many_triangles")
+    g = gate(b"garbage")
+    assert g.problem is not None and g.problem.startswith("/app/out/part.stl:")
+
+
+def test_topology_and_volume_gate_before_any_measure() -> None:
+    drilled = (
+        geometry.solid(BOX) - manifold3d.Manifold.cylinder(30, 1.0, 1.0, 64).translate([5, 5, -10])
+    ).to_mesh()
+    holed = trimesh.Trimesh(vertices=drilled.vert_properties[:, :3], faces=drilled.tri_verts)
+    g = gate(holed.export(file_type="stl"))
+    assert (g.gate, g.facts["genus"]) == ("topology", 1), g.problem
+    assert "reference" not in (g.problem or "") and g.private["reference_topology"]["genus"] == 0
+    two = trimesh.util.concatenate([BOX, BOX.copy().apply_translation([20, 0, 0])])
+    g = gate(two.export(file_type="stl"))
+    assert (g.gate, g.facts["components"]) == ("topology", 2)
+    big = BOX.copy().apply_scale(1.1)  # 33 % more volume, same topology
+    g = gate(big.export(file_type="stl"))
+    assert g.gate == "volume" and "1000" not in (g.problem or "")
+
+
+def test_too_many_shells_is_a_capped_dodge() -> None:
+    cubes = trimesh.util.concatenate(
+        [
+            trimesh.creation.box(extents=(1, 1, 1)).apply_translation([2 * i, 0, 0])
+            for i in range(70)
+        ]
+    )
+    g = gate(cubes.export(file_type="stl"))
+    assert (g.gate, g.dodge) == ("build", "too_many_shells")
+
+
+def test_non_finite_vertices_fail_the_build_gate() -> None:
+    facets = "".join(
+        f"facet normal 0 0 1\nouter loop\nvertex {a}\nvertex 1 0 0\nvertex 0 1 0\n"
+        "endloop\nendfacet\n"
+        for a in ("nan 0 0", "0 0 0")
+    )
+    g = gate(f"solid x\n{facets}endsolid x\n".encode())
+    assert g.gate == "build" and g.problem is not None and g.vertices is None
 
 
 # ------------------------------------------------------------------------ render framing, PNGs

@@ -82,12 +82,15 @@ def test_money(given: object, score: float) -> None:
 
 def test_money_reasons() -> None:
     s = spec(**MONEY)
-    assert score_field(s, "€1,284.4m").reason == "currency EUR where USD was asked for"
+    eur = score_field(s, "€1,284.4m")
+    assert (eur.reason, eur.detail) == ("mismatch", "currency EUR where USD was asked for")
     wrong = score_field(s, 1300)
     assert wrong.normalized == "1300 (millions)"
-    assert wrong.reason == "1300 (millions) is not 1284.372 within ±0.05"
-    assert score_field(s, None).reason == "no answer"
-    assert score_field(s, "abc").reason.startswith("unreadable: ")
+    assert wrong.reason == "mismatch"
+    assert wrong.detail == "1300 (millions) is not 1284.372 within ±0.05"
+    assert (score_field(s, None).reason, score_field(s, None).detail) == ("missing", "no answer")
+    assert score_field(s, "abc").reason == "unparseable"
+    assert score_field(s, "abc").detail.startswith("unreadable: ")
 
 
 def test_number_refuses_a_currency_and_honours_rel_tolerance() -> None:
@@ -128,7 +131,7 @@ def test_date_field() -> None:
     assert score_field(s, "12/09/2024").score == 0.0  # ambiguous without an order
     assert score_field(spec(type="date", value="2024-12-09", order="MDY"), "12/09/2024").score == 1
     assert score_field(s, "2024-09-12").score == 0.0
-    assert score_field(s, "2024-09-12").reason == "2024-09-12 is not 2024-12-09"
+    assert score_field(s, "2024-09-12").detail == "2024-09-12 is not 2024-12-09"
     ambiguous = spec(type="date", value="2024-04-03")
     assert score_field(ambiguous, "03/04/2024").score == 0.0  # ambiguous: unreadable
     dmy = spec(type="date", value="2024-04-03", order="DMY")
@@ -140,7 +143,7 @@ def test_currency_field() -> None:
     for given in ("CAD", "cad", "C$", "Canadian dollars"):
         assert score_field(s, given).score == 1.0, given
     assert score_field(s, "$").score == 0.0  # "$" is USD
-    assert score_field(s, "$").reason == "USD is not CAD"
+    assert score_field(s, "$").detail == "USD is not CAD"
     assert score_field(s, 5).score == 0.0
 
 
@@ -152,7 +155,11 @@ def test_text_field_is_anls() -> None:
     assert score_field(s, "Acme").score == 0.0
     assert score_field(s, ["Kestrel Robotics Inc."]).score == 0.0
     long = score_field(s, "Kestrel Robotics Inc." + " " * 1000)
-    assert (long.score, long.reason) == (0.0, "longer than 1000 characters")
+    assert (long.score, long.reason, long.detail) == (
+        0.0,
+        "too_long",
+        "longer than 1000 characters",
+    )
     number = spec(type="text", value="10234")
     assert score_field(number, 10234).score == 1.0  # a JSON number is compared as text
 
@@ -184,13 +191,17 @@ def test_reward_is_the_weighted_mean_and_components_name_fields() -> None:
     }
     assert r.details["unknown_keys"] == ["x"]
     assert r.details["passed"] is False
-    assert r.details["fields"]["d"] == {
-        "score": 0.0,
+    assert r.details["fields"]["d"] == {"score": 0.0, "reason": "missing"}
+    assert r.details["fields"]["c"] == {"score": c, "reason": "partial"}
+    assert r.details["private"]["fields"]["d"] == {
         "expected": "EUR",
         "given": None,
-        "reason": "no answer",
+        "detail": "no answer",
     }
-    assert r.details["fields"]["a"]["normalized"] == "1284.4 (millions)"
+    assert r.details["private"]["fields"]["a"]["normalized"] == "1284.4 (millions)"
+    # nothing but the private part names an expected value
+    public = {k: v for k, v in r.details.items() if k != "private"}
+    assert "EUR" not in json.dumps(public) and "Kestrel" not in json.dumps(public)
 
 
 def test_all_right_scores_one() -> None:
