@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO, Literal, Protocol
 
+from service.errors import SandboxError
+
 # Labels every container carries (DESIGN.md section 3).
 LABEL_SANDBOX_ID = "crucible.sandbox_id"
 LABEL_TEMPLATE = "crucible.template"
@@ -42,13 +44,23 @@ class SandboxSpec:
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
 
+class EndStateUnreadable(SandboxError):
+    """The end state itself cannot be read the way the runtime reads it (a path too long
+    for the host, a name the host refuses): the agent's outcome, which verifiers score 0,
+    unlike every other ``SandboxError`` (the engine's or Crucible's failure)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecRequest:
     """One command to run in a sandbox.
 
     ``cmd`` is a shell string (run by ``/bin/sh -c``) or an argv list. ``env`` values are
     bytes and arrive byte for byte. ``stdin`` is empty unless given (readers get EOF).
-    ``max_output_bytes`` caps each stream, keeping head and tail.
+    ``max_output_bytes`` caps each stream, keeping head and tail. ``observe_bytes`` > 0
+    gives the command an observation pipe as its fd 3 (inherited by what it starts unless
+    they close it); what is written there before the command exits comes back in
+    ``ExecResult.observed``, capped at that many bytes (head and tail). The verifier uses it
+    to hear its own pytest plugin (``service.verifiers.observer``).
     """
 
     cmd: str | list[str]
@@ -58,6 +70,7 @@ class ExecRequest:
     stdin: bytes = b""
     max_output_bytes: int = 1 << 20
     user: str | None = None
+    observe_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration_ms: float = 0.0
+    observed: bytes = b""
+    observed_truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,6 +197,14 @@ class SandboxRuntime(Protocol):
         """Change a running container's CPU and memory (= memory+swap) limits."""
         ...
 
+    def host_cpus(self) -> int:
+        """How many CPUs the engine's host has: the most one container may be given."""
+        ...
+
+    def disk_usage_bytes(self, container_id: str) -> int:
+        """Size in bytes of the container's writable layer (what a snapshot commits)."""
+        ...
+
     def snapshot(self, container_id: str, *, repository: str, tag: str) -> str:
         """Pause, commit the filesystem to ``repository:tag``, unpause; return the image id."""
         ...
@@ -189,10 +212,6 @@ class SandboxRuntime(Protocol):
     def prune_snapshots(self, *, deployment: str) -> int:
         """Delete this deployment's untagged snapshot images no container uses; return how
         many (deleted snapshots stay alive untagged while forks run from them)."""
-    def host_cpus(self) -> int:
-        """How many CPUs the engine's host has: the most one container may be given."""
-        ...
-
         ...
 
     def remove_image(self, image: str) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import logging
@@ -56,6 +57,7 @@ from service.runtime.base import (
     LABEL_SANDBOX_ID,
     LABEL_TEMPLATE,
     ContainerInfo,
+    EndStateUnreadable,
     ExecChunk,
     ExecRequest,
     ExecResult,
@@ -81,7 +83,15 @@ from service.runtime.protocol import (
 )
 
 SUPERVISOR_DIR = Path(__file__).resolve().parent / "supervisor"
-SUPERVISOR_SOURCES = ("Dockerfile", "crucible-exec.c")
+SUPERVISOR_SOURCES = (
+    "Dockerfile",
+    "crucible-exec.c",
+    # The verifier's in-sandbox Python (``service.verifiers.observe``), shipped read-only.
+    "py/crucible_guard.py",
+    "py/crucible_observer.py",
+    "py/sitecustomize.py",
+    "py/crucible-verifier.pth",
+)
 log = logging.getLogger("crucible.runtime")
 
 SUPERVISOR_MOUNT = "/opt/crucible"
@@ -438,7 +448,9 @@ class DockerRuntime:
             return
         image = self._ensure_builder_image()
         script = (
-            'set -e; t=$(mktemp /out/.crucible-exec.XXXXXX); cp /build/crucible-exec "$t"; '
+            "set -e; rm -rf /out/py /out/.py.new; cp -r /build/py /out/.py.new; "
+            "chmod -R a+rX,go-w /out/.py.new; mv /out/.py.new /out/py; "
+            't=$(mktemp /out/.crucible-exec.XXXXXX); cp /build/crucible-exec "$t"; '
             'chmod 0755 "$t"; mv -f "$t" /out/crucible-exec'
         )
         mount = Mount(target="/out", source=volume, type="volume")
@@ -758,7 +770,7 @@ class DockerRuntime:
             record,
             user=request.user or self._container_meta(container_id).user,
             read_timeout_s=read_timeout_s,
-            max_reply_bytes=2 * request.max_output_bytes + (1 << 20),
+            max_reply_bytes=2 * request.max_output_bytes + 2 * request.observe_bytes + (1 << 20),
         )
         return self._exec_items(container_id, request, frames)
 
@@ -1116,16 +1128,6 @@ class DockerRuntime:
             return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
         return _map_error(e, f"container {container_id}, path {path}")
 
-    def update_limits(self, container_id: str, *, cpus: float, memory_bytes: int) -> None:
-        """Set NanoCpus, Memory and MemorySwap (= Memory) of a running container.
-
-        The docker SDK's ``update_container`` has no NanoCpus, and CpuQuota conflicts with
-        the NanoCpus set at create, so the engine's update endpoint is called directly.
-        Raises ``SandboxError`` (e.g. memory below what the container uses now).
-        """
-        body = {"NanoCpus": int(cpus * 1e9), "Memory": memory_bytes, "MemorySwap": memory_bytes}
-        try:
-            url = self._api._url("/containers/{0}/update", container_id)
     def host_cpus(self) -> int:
         """The CPUs of the engine's host (``NCPU`` of ``GET /info``, asked once): the most a
         container may be given.
@@ -1141,6 +1143,16 @@ class DockerRuntime:
                 raise _map_error(e, "asking the engine for its CPU count") from e
         return known
 
+    def update_limits(self, container_id: str, *, cpus: float, memory_bytes: int) -> None:
+        """Set NanoCpus, Memory and MemorySwap (= Memory) of a running container.
+
+        The docker SDK's ``update_container`` has no NanoCpus, and CpuQuota conflicts with
+        the NanoCpus set at create, so the engine's update endpoint is called directly.
+        Raises ``SandboxError`` (e.g. memory below what the container uses now).
+        """
+        body = {"NanoCpus": int(cpus * 1e9), "Memory": memory_bytes, "MemorySwap": memory_bytes}
+        try:
+            url = self._api._url("/containers/{0}/update", container_id)
             self._api._raise_for_status(self._api._post_json(url, data=body))
         except Exception as e:
             raise _map_error(e, f"updating the limits of container {container_id}") from e
@@ -1172,7 +1184,7 @@ class DockerRuntime:
             try:
                 return overlay.changes(*found)
             except OSError as e:
-                raise SandboxError(f"reading the layers of container {container_id}: {e}") from e
+                raise _read_error(e, f"reading the layers of container {container_id}") from e
         try:
             rows = self._api.diff(container_id) or []
         except Exception as e:
@@ -1181,14 +1193,21 @@ class DockerRuntime:
         return [FsChange(r["Path"], kinds[r["Kind"]]) for r in rows]
 
     def freeze(self, container_id: str) -> None:
-        """Pause the container (cgroup freezer); pausing a paused one is fine.
+        """Pause the container (cgroup freezer); pausing a paused or stopped one is fine
+        (nothing runs in either).
 
         Raises ``NotFound`` (gone) or ``SandboxError``.
         """
         try:
             self._api.pause(container_id)
         except docker.errors.APIError as e:
-            if "already paused" in _explain(e).lower():
+            text = _explain(e).lower()
+            if "already paused" in text:
+                self._frozen.add(container_id)
+                return
+            if "is not running" in text:
+                # Stopped (its main process ended, e.g. the agent killed the supervisor):
+                # nothing runs in it, so it is as frozen as a paused one.
                 self._frozen.add(container_id)
                 return
             raise _map_error(e, f"freezing container {container_id}") from e
@@ -1268,6 +1287,7 @@ class DockerRuntime:
             members = (
                 m for path in paths for m in self._engine_entries(container_id, path, max_bytes)
             )
+        members = _read_errors_mapped(members, f"reading the changes of container {container_id}")
         return members if max_bytes is None else _capped(members, max_bytes)
 
     def _engine_entries(
@@ -1355,6 +1375,31 @@ class DockerRuntime:
             return self._api.inspect_image(image)["Id"]
         except Exception as e:
             raise _map_error(e, f"image {image}") from e
+
+
+# What the end state's own content can make a host read fail with (a path longer than the
+# host allows once under the layer's prefix, a name the host refuses): the agent's outcome.
+_CONTENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.EOVERFLOW, errno.EILSEQ})
+
+
+def _read_error(e: OSError, what: str) -> SandboxError:
+    """``EndStateUnreadable`` for what the content caused, else ``SandboxError``."""
+    if e.errno in _CONTENT_ERRNOS:
+        name = os.path.basename(str(e.filename))[:80]
+        return EndStateUnreadable(f"{what}: {e.strerror} ({name})")
+    return SandboxError(f"{what}: {e}")
+
+
+def _read_errors_mapped(
+    members: Iterator[tuple[tarfile.TarInfo, BinaryIO | None]], what: str
+) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
+    """``members`` with host read errors during iteration mapped (``_read_error``)."""
+    try:
+        yield from members
+    except overlay.UnreadablePath as e:
+        raise SandboxError(f"{what}: {e} changed while it was read") from e
+    except OSError as e:
+        raise _read_error(e, what) from e
 
 
 def _capped(

@@ -17,7 +17,9 @@ Request record (integers big-endian)::
     e    env entry NAME=VALUE, raw bytes            p    path (resolve, mkdir)
          (repeatable; NAME alone unsets NAME)       P    create parents (u8 0/1)
     k    process group to kill (u64)                w    mkdir owner: name | uid[:gid]
-    u    identity (channel only): user[:group]
+    u    identity (channel only): user[:group]      C    observation cap (u64; > 0: the
+                                                         command's fd 3 is an observation
+                                                         pipe, kept up to this many bytes)
 
 The record travels base64-encoded as one argv argument (``--request <b64>``) when it is
 small, else on the supervisor's stdin (``--request-stdin``); on the channel it is written
@@ -27,6 +29,8 @@ Response: frames ``u8 type | u32 len | payload`` on the supervisor's stdout::
 
     O / E  stdout / stderr bytes, raw. Head bytes are sent live as the command writes them;
            the kept tail follows at the end. Per stream, concatenated frames = kept output.
+    C      observation bytes the command wrote to its fd 3 (``observe_bytes`` requests);
+           kept like an output stream, and never drained after the command exits
     S      started: ``pid=N``, the command's pid, which is also its process group id
     P      resolved path (resolve op)
     R      result: ASCII ``key=value`` lines; the last frame of a successful request
@@ -57,6 +61,7 @@ DEFAULT_GRACE_MS = 500
 
 FRAME_STDOUT = ord("O")
 FRAME_STDERR = ord("E")
+FRAME_OBSERVED = ord("C")
 FRAME_STARTED = ord("S")
 FRAME_PATH = ord("P")
 FRAME_RESULT = ord("R")
@@ -123,6 +128,8 @@ def encode_exec(request: ExecRequest, *, grace_ms: int = DEFAULT_GRACE_MS) -> by
     fields.append(_u64("t", max(1, round(request.timeout_s * 1000))))
     fields.append(_u64("m", request.max_output_bytes))
     fields.append(_u64("g", grace_ms))
+    if request.observe_bytes > 0:
+        fields.append(_u64("C", request.observe_bytes))
     return _record(fields)
 
 
@@ -187,7 +194,7 @@ class FrameDecoder:
         frames = []
         while len(self._buf) >= _FRAME_HEADER.size:
             kind, length = _FRAME_HEADER.unpack_from(self._buf)
-            if kind not in b"OESPRX" or length > _MAX_FRAME_BYTES:
+            if kind not in b"OESPRXC" or length > _MAX_FRAME_BYTES:
                 preview = bytes(self._buf[:64])
                 raise SandboxError(f"exec supervisor sent an invalid frame: {preview!r}")
             end = _FRAME_HEADER.size + length
@@ -236,6 +243,7 @@ class ExecCollector:
     def __init__(self) -> None:
         self._out: list[bytes] = []
         self._err: list[bytes] = []
+        self._obs: list[bytes] = []
         self.result: ExecResult | None = None
         self.oom_known = True  # False when the sandbox's OOM counter was not readable
         self.pid: int | None = None  # the command's pid (= process group) once started
@@ -248,6 +256,9 @@ class ExecCollector:
         if frame.kind == FRAME_STDERR:
             self._err.append(frame.payload)
             return ExecChunk("stderr", frame.payload)
+        if frame.kind == FRAME_OBSERVED:
+            self._obs.append(frame.payload)
+            return None
         if frame.kind == FRAME_STARTED:
             with contextlib.suppress(KeyError, ValueError):
                 self.pid = int(parse_kv(frame.payload)["pid"])
@@ -275,6 +286,8 @@ class ExecCollector:
                 stdout_truncated=kv["stdout_truncated"] == "1",
                 stderr_truncated=kv["stderr_truncated"] == "1",
                 duration_ms=float(kv["duration_ms"]),
+                observed=b"".join(self._obs),
+                observed_truncated=kv.get("observed_truncated") == "1",
             )
         except (KeyError, ValueError) as e:
             raise SandboxError(f"exec supervisor sent a malformed result: {dict(kv)!r}") from e

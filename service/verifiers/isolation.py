@@ -14,16 +14,21 @@ toolchain the agent could not have modified.
    loader's configuration, Python's site configuration, shell start-up files, pytest root
    config, ``/tests``, ``/logs``) are not replayed: the verifier's toolchain is always the
    pristine one, and the tampering is reported.
-3. Tests arrive in the same archive, only now, and run with ``bash --noprofile --norc`` and
-   an environment without user site-packages. Modules the agent put directly in the workdir
-   under a name the test runner imports (``pytest.py``, ``json.py``: ``python3 -m pytest``
-   puts the current directory first on ``sys.path``) are a hijack and score 0.
+3. Tests arrive in the same archive, only now, with Crucible's ``crucible-verifier.pth`` in
+   every site directory of the image's toolchain (``toolchain``), and run with
+   ``bash --noprofile --norc``, no user site-packages, pytest plugin autoload off and
+   Crucible's observer plugin on. The ``.pth`` installs ``crucible_guard``: a pristine module
+   wins every name over an agent-written one (``pytest.py`` or ``json.py`` in the workdir
+   never displaces the toolchain, whatever its case or suffix), by the files' change times,
+   not by a list of names.
+4. Limits: an end state with more than ``MAX_CHANGED_ENTRIES`` changed entries, or a path
+   longer than ``MAX_PATH_BYTES``, is not replayed (the verifier scores 0 with the reason).
 """
 
 from __future__ import annotations
 
+import io
 import re
-import sys
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -75,40 +80,27 @@ ENGINE_ENTRIES = frozenset(
     }
 )
 
+MAX_CHANGED_ENTRIES = 50_000
+MAX_PATH_BYTES = 3072  # the host reads layers under a prefix of ~100 bytes; PATH_MAX is 4096
+
 # Inherited by everything the test script starts (nested pytest runs of the agent's
-# project included), so only settings that cannot change a legitimate run belong here.
+# project included), so only settings that cannot change a legitimate run belong here;
+# the observer plugin restores autoload for nested runs (``CRUCIBLE_RESTORE_AUTOLOAD``).
 VERIFIER_ENV = {
     "PYTHONNOUSERSITE": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
     "TEST_DIR": "/tests",
 }
-
-# Top-level module names that ``python3 -m pytest`` run in the workdir would import from
-# the workdir (``sys.path[0]`` is the current directory) instead of the toolchain.
-SHADOWABLE = frozenset(sys.stdlib_module_names) | {
-    "pytest",
-    "_pytest",
-    "pluggy",
-    "iniconfig",
-    "packaging",
-    "py",
-    "tomli",
-    "exceptiongroup",
-    "attr",  # attrs: pytest < 7.3 imports it at start-up (found by a new-user trial)
-    "attrs",
-    "pygments",  # imported for coloured output
-    "argcomplete",
-    "colorama",
-    "sitecustomize",
-    "usercustomize",
-    "conftest",
-}
+PTH_NAME = "crucible-verifier.pth"
+PTH_SOURCE = Path(__file__).resolve().parents[1] / "runtime" / "supervisor" / "py" / PTH_NAME
 
 
-def is_protected(path: str) -> bool:
-    """True when ``path`` lies in the verifier's trusted toolchain (see module docstring)."""
-    if any(path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES):
-        return True
+def is_protected(path: str, extra: Iterable[str] = ()) -> bool:
+    """True when ``path`` lies in the verifier's trusted toolchain: a fixed prefix, a
+    pattern, or one of ``extra`` (what ``toolchain.scan`` found in the image)."""
+    for p in (*PROTECTED_PREFIXES, *extra):
+        if path == p or path.startswith(p.rstrip("/") + "/"):
+            return True
     return any(p.match(path) for p in PROTECTED_PATTERNS)
 
 
@@ -119,69 +111,36 @@ class ChangePlan:
     ``copy``: added or modified leaves (a directory added whole is one entry);
     ``delete``: paths to remove before the copy (deleted ones, and ones whose type changed
     between directory and non-directory); ``tampered``: protected paths the agent touched;
-    ``shadowing``: modules the agent put in the workdir under a name the test runner
-    itself imports (``pytest.py``, ``json.py``...), which would hijack it.
+    ``too_big``: why the end state is not replayed at all (a limit it exceeds), else None.
     """
 
     copy: tuple[str, ...]
     delete: tuple[str, ...]
     tampered: tuple[str, ...]
-    shadowing: tuple[str, ...] = ()
+    too_big: str | None = None
 
 
-_MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
-# importlib.metadata finds distributions by these on every sys.path entry; a ``.pth`` or
-# ``.egg-link`` only acts in a site directory, never in the workdir.
-_METADATA_SUFFIXES = (".dist-info", ".egg-info")
-
-
-def shadowing_modules(paths: Iterable[str], workdir: str) -> tuple[str, ...]:
-    """What the agent put directly in ``workdir`` (``sys.path[0]`` of ``python3 -m pytest``)
-    that the test runner would pick up instead of its toolchain:
-
-    - a module named like one the runner imports (``SHADOWABLE``): ``name.py``, a sourceless
-      ``name.pyc``, an extension ``name*.so``, or a regular package ``name/__init__.py(c)``;
-    - distribution metadata (``*.dist-info``, ``*.egg-info``): pytest loads plugins from the
-      entry points of every distribution on ``sys.path``, so any of it can inject a plugin.
-
-    A plain directory is at most a namespace package, which never wins over a real module.
-    """
-    paths = set(paths)
-    root = workdir.rstrip("/")
-    out = []
-    for path in paths:
-        parent, _, name = path.rpartition("/")
-        if parent != root or not name:
-            continue
-        if name.endswith(_METADATA_SUFFIXES):
-            out.append(path)
-            continue
-        if name.endswith(_MODULE_SUFFIXES):
-            stem = name.split(".", 1)[0]
-        elif f"{path}/__init__.py" in paths or f"{path}/__init__.pyc" in paths:
-            stem = name
-        else:
-            continue
-        if stem in SHADOWABLE:
-            out.append(path)
-    return tuple(sorted(out))
-
-
-def plan_changes(changes: Iterable[FsChange], workdir: str | None = None) -> ChangePlan:
+def plan_changes(changes: Iterable[FsChange], protected: Iterable[str] = ()) -> ChangePlan:
     """Reduce an engine diff to leaves (directories whose children are listed are skipped);
-    with ``workdir``, also name the modules that would shadow the test runner's."""
+    ``protected`` adds prefixes to the fixed ones (the image's toolchain)."""
     changes = list(changes)
+    protected = tuple(protected)
+    rows = [c for c in changes if not _engine_made(c.path)]
+    if len(rows) > MAX_CHANGED_ENTRIES:
+        return ChangePlan((), (), (), f"{len(rows)} changed entries (limit {MAX_CHANGED_ENTRIES})")
+    longest = max((len(c.path.encode("utf-8", "surrogateescape")) for c in rows), default=0)
+    if longest > MAX_PATH_BYTES:
+        return ChangePlan((), (), (), f"a path longer than {MAX_PATH_BYTES} bytes")
     # Parents are computed over every entry, engine-made ones included, so a directory
     # changed only by the engine (``/opt`` holding the ``/opt/crucible`` mount point) is
     # not mistaken for a leaf.
     has_child = {posix_parent(c.path) for c in changes}
-    rows = [c for c in changes if not _engine_made(c.path)]
     added_roots: list[str] = []
     copy, delete, tampered = [], [], []
     for c in sorted(rows, key=lambda c: c.path):
         if c.kind != "deleted" and any(c.path.startswith(r + "/") for r in added_roots):
             continue  # inside a directory that is copied whole
-        if is_protected(c.path):
+        if is_protected(c.path, protected):
             if c.kind != "modified" or c.path not in has_child:
                 tampered.append(c.path)
             continue
@@ -195,9 +154,7 @@ def plan_changes(changes: Iterable[FsChange], workdir: str | None = None) -> Cha
             copy.append(c.path)
             if c.kind == "added":
                 added_roots.append(c.path)
-    added = [c.path for c in rows if c.kind != "deleted"]
-    shadow = shadowing_modules(added, workdir) if workdir else ()
-    return ChangePlan(tuple(copy), tuple(delete), tuple(tampered), shadow)
+    return ChangePlan(tuple(copy), tuple(delete), tuple(tampered))
 
 
 def _engine_made(path: str) -> bool:
@@ -213,10 +170,15 @@ def posix_parent(path: str) -> str:
     return head or "/"
 
 
-def add_tests(t: tarfile.TarFile, tests_dir: Path | None, extra_files: Iterable[Path] = ()) -> None:
-    """Add to ``t`` (extracted at ``/``): ``tests/`` (the task's tests plus ``extra_files``)
-    and an empty ``logs/verifier/``, all root-owned. Extracting them is the whole test
-    set-up."""
+def add_tests(
+    t: tarfile.TarFile,
+    tests_dir: Path | None,
+    extra_files: Iterable[Path] = (),
+    site_dirs: Iterable[str] = (),
+) -> None:
+    """Add to ``t`` (extracted at ``/``): ``tests/`` (the task's tests plus ``extra_files``),
+    an empty ``logs/verifier/`` and Crucible's ``.pth`` in each of ``site_dirs``, all
+    root-owned. Extracting them is the whole test set-up."""
 
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -232,3 +194,8 @@ def add_tests(t: tarfile.TarFile, tests_dir: Path | None, extra_files: Iterable[
             t.add(str(child), arcname=f"tests/{child.name}", filter=owned)
     for f in extra_files:
         t.add(str(f), arcname=f"tests/{f.name}", filter=owned)
+    pth = PTH_SOURCE.read_bytes()
+    for site in site_dirs:
+        info = tarfile.TarInfo(f"{site.strip('/')}/{PTH_NAME}")
+        info.size, info.mode = len(pth), 0o644
+        t.addfile(info, io.BytesIO(pth))

@@ -1,56 +1,52 @@
-"""The terminal-domain verifier: run the task's tests in an isolated sandbox and read the
-reward the Harbor way (``/logs/verifier/reward.txt`` or ``reward.json``), gated by the test
-report.
+"""The terminal-domain verifier: run the task's tests in an isolated sandbox and score what
+Crucible itself observed of them.
 
-Gates (a failed gate scores 0 with the reason in ``details``; it is the agent's outcome):
-- modules planted in the workdir that would hijack the test runner (``isolation``);
-- an end state whose changed files exceed the task's storage limit (``storage_mb``);
-- a workdir that is gone or no longer a directory;
-- the pytest report must show exactly ``expected_tests`` tests when the task states it;
-- any skipped or xfailed test, or zero collected tests, does not pass.
-Infrastructure outcomes are not scores: a verifier timeout is ``status=timeout``; a test
-script that leaves no reward (Harbor) or a report missing while ``expected_tests`` is set,
-or a test command killed by a signal (its report cannot be trusted), is ``status=error``.
-All are excluded from loss.
+Who writes the reward: Crucible. The tests run under Crucible's pytest plugin, which reports
+every test's outcome over a pipe that the supervisor (not the tests' filesystem) carries
+back (``observe``), with two canaries per session. The task's ``reward.txt`` /
+``reward.json`` (Harbor) or exit code (Terminal-Bench 1) counts only within what was
+observed: ``reward = min(reward file, cap)``, where ``cap`` is 1 when every observed test
+passed, else 0 (or the pass fraction for tasks that declare partial credit). A reward file
+that is not a finite number in [0, 1] scores 0 with the reason.
+
+Who owns the toolchain: the task image (``isolation``, ``toolchain``): the agent's changes
+under the image's interpreters, virtualenvs, site-packages and ``PATH`` are never replayed,
+and ``crucible_guard`` gives pristine modules precedence over agent-written ones.
+
+Everything the end state causes is a score (``status=ok``), 0 with the cause in
+``details["dodge"]``: a tampered or missing observation, tests that hang, crash or run out
+of memory, an end state too big or unreadable, a workdir that is gone. ``status=error`` is
+only for failures outside the end state (the engine, Crucible's own infrastructure).
+Tenants see counts and reasons; test names and output are under ``details["private"]``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import tarfile
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
-from service.runtime.base import ExecRequest, SandboxRuntime
+from service.runtime.base import EndStateUnreadable, ExecRequest, SandboxRuntime
 from service.tasks.models import Task
+from service.verifiers import toolchain
 from service.verifiers.base import VerifierResult
 from service.verifiers.isolation import VERIFIER_ENV, ChangePlan, add_tests, plan_changes
+from service.verifiers.observe import OBSERVE_BYTES, Observation, Secret, judge
 from service.verifiers.registry import EndState, register
 
 NAME = "terminal"
-VERSION = "1"
-MAX_REPORT_BYTES = 4 << 20
-KILLED_EXIT_CODES = (128 + 9, 128 + 15)  # SIGKILL / SIGTERM, passed on by the test script
+VERSION = "2"
+MAX_REPORT_BYTES = 1 << 20
+MAX_COMPONENTS = 32
 SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
-
-
-@dataclass(frozen=True, kw_only=True)
-class TestCounts:
-    """Counts from a JUnit XML report (pytest's ``--junitxml``)."""
-
-    total: int
-    passed: int
-    failed: int
-    errors: int
-    skipped: int  # includes xfail (pytest writes xfail as skipped)
+OBSERVER_PATH = "/opt/crucible/py"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,55 +60,10 @@ class TerminalCheck:
     expected_tests: int | None = None
     pass_threshold: float = 1.0
     reward_source: str = "file"  # "file" (Harbor) | "exit_code" (Terminal-Bench 1)
+    partial_credit: bool = False
     extra_files: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     max_end_state_bytes: int | None = None  # the task's storage limit
-
-
-def parse_junit(xml_bytes: bytes) -> TestCounts:
-    """Count tests in a JUnit XML document (``<testsuites>`` or one ``<testsuite>``).
-
-    Raises:
-        ValueError: not JUnit XML.
-    """
-    root = ET.fromstring(xml_bytes)
-    cases = list(root.iter("testcase"))
-    if root.tag not in ("testsuites", "testsuite"):
-        raise ValueError(f"not a JUnit report (root <{root.tag}>)")
-    failed = sum(1 for c in cases if c.find("failure") is not None)
-    errors = sum(1 for c in cases if c.find("error") is not None)
-    skipped = sum(1 for c in cases if c.find("skipped") is not None)
-    total = len(cases)
-    return TestCounts(
-        total=total,
-        passed=total - failed - errors - skipped,
-        failed=failed,
-        errors=errors,
-        skipped=skipped,
-    )
-
-
-_SUMMARY = re.compile(
-    r"^=+ (?P<body>.*?\d+ (?:passed|failed|error|errors|skipped|xfailed|"
-    r"xpassed|deselected|warnings?|no tests ran).*?) in [\d.]+s.*=+\s*$",
-    re.MULTILINE,
-)
-_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
-
-
-def parse_pytest_summary(output: str) -> TestCounts | None:
-    """Counts from pytest's last ``=== 3 passed, 1 skipped in 0.12s ===`` line, or None.
-
-    ``xfailed`` counts as skipped (it does not pass), ``xpassed`` as passed.
-    """
-    lines = _SUMMARY.findall(output)
-    if not lines:
-        return None
-    found = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    for n, kind in _COUNT.findall(lines[-1]):
-        key = {"error": "errors", "xfailed": "skipped", "xpassed": "passed"}.get(kind, kind)
-        found[key] += int(n)
-    return TestCounts(total=sum(found.values()), **found)
 
 
 def parse_reward(
@@ -120,16 +71,26 @@ def parse_reward(
 ) -> tuple[float | None, dict[str, float], str | None]:
     """(reward, components, problem) from ``reward.txt`` / ``reward.json`` contents.
 
-    ``reward.json`` is a dict of floats; its ``reward`` key is the reward, else their mean.
+    ``reward.json`` is a flat object of at most ``MAX_COMPONENTS`` finite numbers with short
+    names; its ``reward`` key is the reward, else their mean. The reward must lie in
+    [0, 1]. Any other content is a problem (the caller scores it 0).
     """
     if js is not None:
         try:
             data = json.loads(js)
-            comps = {str(k): float(v) for k, v in data.items()}
-        except (ValueError, TypeError, AttributeError) as e:
-            return None, {}, f"reward.json is not a dict of numbers: {e}"
-        if not comps:
-            return None, {}, "reward.json is empty"
+            if not isinstance(data, dict) or not 0 < len(data) <= MAX_COMPONENTS:
+                raise ValueError(f"an object of 1 to {MAX_COMPONENTS} numbers")
+            comps = {}
+            for k, v in data.items():
+                if not (isinstance(k, str) and 0 < len(k) <= 64):
+                    raise ValueError("names of 1 to 64 characters")
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    raise ValueError(f"{k!r} is not a number")
+                comps[k] = float(v)
+                if not math.isfinite(comps[k]):
+                    raise ValueError(f"{k!r} is not finite")
+        except (ValueError, TypeError, RecursionError) as e:
+            return None, {}, f"reward.json is not a flat object of finite numbers ({e})"
         value = comps.get("reward", sum(comps.values()) / len(comps))
     elif txt is not None:
         try:
@@ -138,38 +99,39 @@ def parse_reward(
             return None, {}, f"reward.txt is not a number: {txt[:80]!r}"
     else:
         return None, {}, "the test script wrote no /logs/verifier/reward.txt or reward.json"
-    if not math.isfinite(value):
-        return None, {}, f"reward {value} is not finite"
-    return value, comps, None
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        return None, {}, f"the reward file's reward {value!r} is not in [0, 1]"
+    return value, {k: max(-1e12, min(1e12, v)) for k, v in comps.items()}, None
 
 
-REPORT_FILES = ("reward.txt", "reward.json", "junit.xml")
+REPORT_FILES = ("reward.txt", "reward.json")
 
 
-def _unscored(
-    status: Literal["error", "timeout"], reason: str, t0: float, **details: Any
-) -> VerifierResult:
-    """The verifier could not produce a verdict: no reward, excluded from loss."""
+def _result(status: str, reward: float | None, t0: float | None, **kw: Any) -> VerifierResult:
     return VerifierResult(
         name=NAME,
         version=VERSION,
-        status=status,
-        reward=None,
-        details={"reason": reason, **details},
-        duration_ms=(time.perf_counter() - t0) * 1e3,
+        status=status,  # type: ignore[arg-type]
+        reward=reward,
+        components=kw.pop("components", {}),
+        details=kw.pop("details", {}),
+        duration_ms=(time.perf_counter() - t0) * 1e3 if t0 is not None else 0.0,
     )
 
 
-def _gated(gate: str, t0: float, **details: Any) -> VerifierResult:
-    """The end state fails before any test runs (the agent's outcome): a score of 0."""
-    return VerifierResult(
-        name=NAME,
-        version=VERSION,
-        status="ok",
-        reward=0.0,
+def _unscored(reason: str, t0: float, **details: Any) -> VerifierResult:
+    """Crucible could not produce a verdict (its own failure): no reward, excluded from loss."""
+    return _result("error", None, t0, details={"reason": reason, **details})
+
+
+def _zero(dodge: str, reason: str, t0: float | None, **details: Any) -> VerifierResult:
+    """The end state earns nothing (the agent's outcome): a score of 0 with its cause."""
+    return _result(
+        "ok",
+        0.0,
+        t0,
         components={"reward_file": 0.0},
-        details={"gate": gate, "passed": False, **details},
-        duration_ms=(time.perf_counter() - t0) * 1e3,
+        details={"dodge": dodge, "reason": reason, "passed": False, **details},
     )
 
 
@@ -184,75 +146,51 @@ def _read_logs(runtime: SandboxRuntime, container_id: str) -> dict[str, bytes | 
 
 def score(
     check: TerminalCheck,
+    obs: Observation,
     *,
     exit_code: int,
     reward_txt: bytes | None,
     reward_json: bytes | None,
-    junit: bytes | None,
-    output: str = "",
 ) -> VerifierResult:
-    """Turn what the test run left behind into a result (pure; unit-tested directly).
-
-    Test counts come from the JUnit report, else from pytest's closing summary line in
-    ``output`` (tasks whose test script writes no report).
-    """
-    details: dict[str, Any] = {"test_exit_code": exit_code}
-    counts = None
-    if junit is not None:
-        try:
-            counts = parse_junit(junit)
-        except (ET.ParseError, ValueError) as e:
-            details["junit_problem"] = str(e)
-    if counts is None:
-        counts = parse_pytest_summary(output)
-    if counts is not None:
-        details["tests"] = counts.__dict__
+    """Turn what was observed and the task's reward file into a result (pure; unit-tested
+    directly). See the module docstring for the rule."""
+    details: dict[str, Any] = {"test_exit_code": exit_code, "tests": obs.summary()}
+    if obs.tampered:
+        return _zero(
+            "tampered",
+            f"the test report was tampered with: {obs.tampered}",
+            None,
+            tampered_report=obs.tampered,
+            **details,
+        )
+    if obs.sessions == 0:
+        reason = "no test outcome was observed (pytest did not run, or ended before it began)"
+        return _zero("no_tests_observed", reason, None, **details)
+    if obs.total == 0:
+        return _zero("no_tests", "no tests were collected", None, **details)
+    if check.expected_tests is not None and obs.total != check.expected_tests:
+        reason = f"expected {check.expected_tests} tests, {obs.total} ran"
+        return _zero("test_count", reason, None, **details)
+    all_passed = obs.passed == obs.total
+    cap = 1.0 if all_passed else (obs.passed / obs.total if check.partial_credit else 0.0)
     if check.reward_source == "exit_code":
-        reward, comps, problem = (1.0 if exit_code == 0 else 0.0), {}, None
+        file_reward, comps, problem = (1.0 if exit_code == 0 else 0.0), {}, None
     else:
-        reward, comps, problem = parse_reward(reward_txt, reward_json)
-    if problem:
-        return VerifierResult(
-            name=NAME,
-            version=VERSION,
-            status="error",
-            reward=None,
-            details={**details, "reason": problem},
-        )
-    if check.expected_tests is not None and counts is None:
-        return VerifierResult(
-            name=NAME,
-            version=VERSION,
-            status="error",
-            reward=None,
-            details={
-                **details,
-                "reason": f"expected {check.expected_tests} tests but found no JUnit report "
-                "and no pytest summary",
-            },
-        )
-    components = {**comps, "reward_file": float(reward)}
-    gate = None
-    if counts is not None:
-        components.update(tests_total=counts.total, tests_passed=counts.passed)
-        if counts.total == 0:
-            gate = "no tests were collected"
-        elif check.expected_tests is not None and counts.total != check.expected_tests:
-            gate = f"expected {check.expected_tests} tests, the report has {counts.total}"
-        elif counts.skipped:
-            gate = f"{counts.skipped} test(s) skipped or xfailed"
-    if gate:
-        details["gate"] = gate
-        reward = 0.0
+        file_reward, comps, problem = parse_reward(reward_txt, reward_json)
+    if problem or file_reward is None:
+        return _zero("reward_file", problem or "no reward", None, **details)
+    reward = min(file_reward, cap)
+    if file_reward > cap + 1e-9:
+        details["reward_file_above_observed"] = True
+    components = {
+        **{f"file.{k}": v for k, v in comps.items()},
+        "reward_file": file_reward,
+        "observed_cap": cap,
+        "tests_total": float(obs.total),
+        "tests_passed": float(obs.passed),
+    }
     details["passed"] = reward >= check.pass_threshold
-    return VerifierResult(
-        name=NAME,
-        version=VERSION,
-        status="ok",
-        reward=float(reward),
-        components=components,
-        details=details,
-    )
+    return _result("ok", float(reward), None, components=components, details=details)
 
 
 def verify(
@@ -262,31 +200,49 @@ def verify(
     episode_container_id: str,
     fresh_sandbox: Callable[[], str],
     dispose: Callable[[str], object] | None = None,
+    image: str = "",
 ) -> VerifierResult:
     """Verify the end state of the frozen ``episode_container_id`` (see ``isolation``).
 
     The episode's container is only diffed and read, never executed in. ``fresh_sandbox()``
     gives the verifier's sandbox (a started, untouched container of the episode's pristine
-    image); the agent's changes and the tests are replayed onto it and the tests run there.
-    ``dispose`` removes it (default: ``runtime.destroy`` inline; the service passes a
-    background destroyer). Returns a result; runtime failures become ``status=error``
-    (never reward 0).
+    image, ``image`` naming it for the toolchain cache); the agent's changes and the tests
+    are replayed onto it and the tests run there under Crucible's observer. ``dispose``
+    removes it (default: ``runtime.destroy`` inline; the service passes a background
+    destroyer). Never raises: Crucible's own failures are ``status=error``.
     """
     t0 = time.perf_counter()
     created: list[str] = []
     try:
-        plan = plan_changes(runtime.diff(episode_container_id), check.workdir)
-        if plan.shadowing:
-            gate = "the workdir shadows modules the test runner imports: "
-            return _gated(gate + ", ".join(plan.shadowing), t0, tampered=list(plan.shadowing))
+        try:
+            changes = runtime.diff(episode_container_id)
+        except EndStateUnreadable as e:
+            return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0)
         vcid = fresh_sandbox()
         created.append(vcid)
+        tools = toolchain.scan(runtime, vcid, image=image or vcid, workdir=check.workdir)
+        plan = plan_changes(changes, tools.protected)
+        tampered = {"tampered": list(plan.tampered)}
+        if plan.too_big:
+            return _zero("too_big", f"the end state is too big to verify: {plan.too_big}", t0)
+        pristine_before = time.time_ns()
         try:
-            _replay(runtime, plan, check, source=episode_container_id, into=vcid)
+            _replay(
+                runtime,
+                plan,
+                check,
+                source=episode_container_id,
+                into=vcid,
+                site_dirs=tools.site_dirs,
+            )
         except PayloadTooLarge as e:
             limit_mib = (check.max_end_state_bytes or 0) >> 20
-            gate = f"the end state exceeds the task's storage limit of {limit_mib} MiB: {e.detail}"
-            return _gated(gate, t0, tampered=list(plan.tampered))
+            reason = f"the end state exceeds the task's storage limit ({limit_mib} MiB): {e.detail}"
+            return _zero("too_big", reason, t0, **tampered)
+        except EndStateUnreadable as e:
+            return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0, **tampered)
+        secret = Secret.new()
+        env = verifier_env(check, secret, pristine_before)
         try:
             res = runtime.exec(
                 vcid,
@@ -296,41 +252,40 @@ def verify(
                     timeout_s=check.timeout_s,
                     user="0",
                     max_output_bytes=32 << 10,
-                    env={k: v.encode() for k, v in {**check.env, **VERIFIER_ENV}.items()},
+                    env={k: v.encode() for k, v in env.items()},
+                    observe_bytes=OBSERVE_BYTES,
                 ),
             )
         except InvalidRequest as e:
             if e.field != "cwd":
                 raise
-            gate = f"the workdir {check.workdir} is not a directory in the end state"
-            return _gated(gate, t0, tampered=list(plan.tampered))
+            reason = f"the workdir {check.workdir} is not a directory in the end state"
+            return _zero("workdir_gone", reason, t0, **tampered)
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
-        context = {"log_tail": log_tail, "tampered": list(plan.tampered)}
+        private: dict[str, Any] = {"log_tail": log_tail}
         if res.timed_out:
-            return _unscored("timeout", f"tests exceeded {check.timeout_s} s", t0, **context)
-        if res.signal or res.exit_code in KILLED_EXIT_CODES:
-            # Something killed the test command (or the run it reports): whatever report it
-            # left is not the tests' verdict (code the tests ran can write one, then kill).
+            reason = f"the tests exceeded their {check.timeout_s} s limit"
+            return _zero("timeout", reason, t0, private=private, **tampered)
+        if res.signal or res.oom_killed or res.exit_code in (128 + 9, 128 + 15):
             oom = " (out of memory)" if res.oom_killed else ""
-            reason = (
-                f"the test command was killed (signal {res.signal}, exit code "
-                f"{res.exit_code}){oom}; its report is not trusted"
-            )
-            return _unscored("error", reason, t0, **context)
+            reason = f"the test command was killed (signal {res.signal}, exit {res.exit_code}){oom}"
+            return _zero("killed", reason, t0, private=private, **tampered)
         files = _read_logs(runtime, vcid)
+        obs = judge(res.observed, secret, truncated=res.observed_truncated)
+        private["tests"] = dict(list(obs.tests.items())[:2000])
         result = score(
             check,
+            obs,
             exit_code=res.exit_code,
             reward_txt=files["reward.txt"],
             reward_json=files["reward.json"],
-            junit=files["junit.xml"],
-            output=(res.stdout + b"\n" + res.stderr).decode("utf-8", "replace"),
         )
         details = {
             **result.details,
-            "tampered": list(plan.tampered),
-            "log_tail": log_tail,
+            **tampered,
+            "toolchain_scanned": tools.complete,
             "tests_ms": round(res.duration_ms, 3),
+            "private": private,
         }
         return VerifierResult(
             name=NAME,
@@ -342,21 +297,46 @@ def verify(
             duration_ms=(time.perf_counter() - t0) * 1e3,
         )
     except CrucibleError as e:
-        return _unscored("error", f"verifier infrastructure failed: {e.detail}", t0)
+        return _unscored(f"verifier infrastructure failed: {e.detail}", t0)
     finally:
         for cid in created:
             (dispose or runtime.destroy)(cid)
 
 
+def verifier_env(check: TerminalCheck, secret: Secret, pristine_before: int) -> dict[str, str]:
+    """The test command's environment: the task's, then Crucible's (which wins): no user
+    site, plugin autoload off (restored for nested runs unless the task set it), the
+    observer plugin and its secret, and the moment before the replay (``crucible_guard``)."""
+    env = {**check.env, **VERIFIER_ENV}
+    plugins = [p for p in check.env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
+    env["PYTEST_PLUGINS"] = ",".join(["crucible_observer", *plugins])
+    if "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in check.env:
+        env["CRUCIBLE_RESTORE_AUTOLOAD"] = "1"
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    path = check.env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = f"{path}:{OBSERVER_PATH}" if path else OBSERVER_PATH
+    env["CRUCIBLE_OBSERVE"] = secret.env_value()
+    env["CRUCIBLE_PRISTINE_BEFORE"] = str(pristine_before)
+    return env
+
+
 def _replay(
-    runtime: SandboxRuntime, plan: ChangePlan, check: TerminalCheck, *, source: str, into: str
+    runtime: SandboxRuntime,
+    plan: ChangePlan,
+    check: TerminalCheck,
+    *,
+    source: str,
+    into: str,
+    site_dirs: tuple[str, ...] = (),
 ) -> None:
     """Make ``into`` hold the episode's end state (outside protected paths) plus the tests:
     removals first (the pristine toolchain's ``rm``, paths NUL-separated on stdin), then one
-    archive with the changed entries read from ``source`` and the tests.
+    archive with the changed entries read from ``source``, the tests and the verifier's
+    ``.pth`` in ``site_dirs``.
 
-    Raises ``PayloadTooLarge`` (the changed files exceed ``check.max_end_state_bytes``) or
-    another ``CrucibleError`` (the removal failed, the engine refused the archive).
+    Raises ``PayloadTooLarge`` (the changed files exceed ``check.max_end_state_bytes``),
+    ``EndStateUnreadable``, or another ``CrucibleError`` (the removal failed, the engine
+    refused the archive).
     """
     if plan.delete:
         res = runtime.exec(
@@ -381,7 +361,7 @@ def _replay(
                 t.addfile(info, reader)
             # /tests and /logs are protected (never replayed): fresh tests and an empty
             # /logs/verifier go in last.
-            add_tests(t, check.tests_dir, check.extra_files)
+            add_tests(t, check.tests_dir, check.extra_files, site_dirs)
         buf.seek(0)
         runtime.put_archive(into, "/", buf)
 
@@ -412,6 +392,7 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
         episode_container_id=end.episode_container_id,
         fresh_sandbox=end.fresh_sandbox,
         dispose=end.dispose,
+        image=end.template.image,
     )
 
 

@@ -211,6 +211,7 @@ struct request {
     int parents;
     char *owner;
     char *user; /* channel only */
+    uint64_t observe; /* >0: fd 3 of the command is an observation pipe, capped at this */
 };
 
 static uint32_t be32(const unsigned char *p) {
@@ -283,7 +284,7 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
         case 'w': rq->owner = xstrndup(p, n); break;
         case 'u': rq->user = xstrndup(p, n); break;
         case 'P': rq->parents = n > 0 && p[0] != 0; break;
-        case 't': case 'm': case 'g': case 'k':
+        case 't': case 'm': case 'g': case 'k': case 'C':
             if (n != 8) {
                 snprintf(err, errlen, "field '%c' must be 8 bytes", tag);
                 return -1;
@@ -291,6 +292,7 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
             if (tag == 't') rq->timeout_ms = be64(p);
             else if (tag == 'm') rq->max_output = be64(p);
             else if (tag == 'g') rq->grace_ms = be64(p);
+            else if (tag == 'C') rq->observe = be64(p);
             else rq->pgid = be64(p);
             break;
         default:
@@ -380,8 +382,10 @@ static unsigned char *read_record(int fd, size_t *len, char *err, size_t errlen)
 /* ===================================================================== output capture */
 
 /* One captured stream: head bytes are emitted live, the rest goes through a tail ring. */
+#define NCAPS 3 /* stdout, stderr, the observation pipe (fd 3 of the command; unused: fd -1) */
+
 struct capture {
-    char type; /* 'O' or 'E' */
+    char type; /* 'O', 'E' or 'C' */
     int fd;    /* read end of the child's pipe, -1 once closed */
     int eof;
     uint64_t total;
@@ -504,7 +508,7 @@ static void child_fail(const char *what, const char *arg, int code) {
 
 /* In the forked child: become a session leader, wire stdio, apply cwd/env, exec. */
 static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_fd,
-                       int report_fd) {
+                       int report_fd, int obs_fd) {
     sigset_t none;
     sigemptyset(&none);
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
@@ -512,6 +516,14 @@ static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_
     setsid();
     if (in_fd < 0) in_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(125);
+    if (obs_fd >= 0) { /* the observation pipe becomes fd 3, inherited (not close-on-exec) */
+        if (report_fd == 3 && (report_fd = fcntl(3, F_DUPFD_CLOEXEC, 10)) < 0) _exit(125);
+        if (obs_fd == 3) {
+            if (fcntl(3, F_SETFD, 0) < 0) _exit(125);
+        } else if (dup2(obs_fd, 3) < 0) {
+            _exit(125);
+        }
+    }
     if (rq->cwd && chdir(rq->cwd) < 0) {
         int e = errno;
         (void)!write(report_fd, &e, sizeof e);
@@ -645,10 +657,10 @@ static void exec_loop(struct exec_state *st, const struct request *rq, struct ca
                       int in_fd, struct sink *s) {
     size_t in_off = 0;
     while (!st->done) {
-        struct pollfd pf[4];
-        int n = 0, idx_in = -1, idx_cap[2] = {-1, -1};
+        struct pollfd pf[5];
+        int n = 0, idx_in = -1, idx_cap[NCAPS] = {-1, -1, -1};
         pf[n++] = (struct pollfd){.fd = sigchld_pipe[0], .events = POLLIN};
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < NCAPS; i++)
             if (caps[i].fd >= 0) {
                 idx_cap[i] = n;
                 pf[n++] = (struct pollfd){.fd = caps[i].fd, .events = POLLIN};
@@ -663,7 +675,7 @@ static void exec_loop(struct exec_state *st, const struct request *rq, struct ca
             break;
         }
         if (r > 0 && pf[0].revents) reap_child(st);
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < NCAPS; i++)
             if (r > 0 && idx_cap[i] >= 0 && pf[idx_cap[i]].revents) capture_read(&caps[i], s);
         if (r > 0 && idx_in >= 0 && pf[idx_in].revents) {
             ssize_t w = write(in_fd, rq->stdin_data + in_off, rq->stdin_len - in_off);
@@ -683,11 +695,12 @@ static void exec_loop(struct exec_state *st, const struct request *rq, struct ca
 /* After the direct child exited: read what is immediately there, for a bounded time. */
 static void drain_now(struct capture *caps, struct sink *s) {
     uint64_t until = now_ms() + DRAIN_BUDGET_MS;
-    for (int i = 0; i < 2; i++) set_nonblock(caps[i].fd);
+    for (int i = 0; i < NCAPS; i++)
+        if (caps[i].fd >= 0) set_nonblock(caps[i].fd);
     int progress = 1;
     while (progress && now_ms() < until) {
         progress = 0;
-        for (int i = 0; i < 2; i++) progress |= capture_read(&caps[i], s);
+        for (int i = 0; i < NCAPS; i++) progress |= capture_read(&caps[i], s);
     }
 }
 
@@ -700,34 +713,39 @@ static void emit_exec_result(struct sink *s, const struct exec_state *st, struct
     uint64_t max0 = caps[0].head_cap + caps[0].tail_cap;
     uint64_t max1 = caps[1].head_cap + caps[1].tail_cap;
     char buf[512];
-    for (int i = 0; i < 2; i++) capture_flush_tail(&caps[i], s);
+    uint64_t max2 = caps[2].head_cap + caps[2].tail_cap;
+    for (int i = 0; i < NCAPS; i++) capture_flush_tail(&caps[i], s);
     int n = snprintf(buf, sizeof buf,
                      "exit_code=%d\nsignal=%d\ntimed_out=%d\noom_killed=%d\n"
                      "stdout_total=%llu\nstderr_total=%llu\n"
-                     "stdout_truncated=%d\nstderr_truncated=%d\nduration_ms=%.3f\n",
+                     "stdout_truncated=%d\nstderr_truncated=%d\nduration_ms=%.3f\n"
+                     "observed_total=%llu\nobserved_truncated=%d\n",
                      code, sig, st->timed_out, oom, (unsigned long long)caps[0].total,
                      (unsigned long long)caps[1].total, caps[0].total > max0,
-                     caps[1].total > max1, now_ms_f() - t0);
+                     caps[1].total > max1, now_ms_f() - t0, (unsigned long long)caps[2].total,
+                     caps[2].total > max2);
     emit(s, 'R', buf, (size_t)n);
 }
 
-static int make_pipes(int out[2], int err[2], int in[2], int report[2], int want_in) {
-    in[0] = in[1] = -1;
+static int make_pipes(int out[2], int err[2], int in[2], int report[2], int obs[2], int want_in,
+                      int want_obs) {
+    in[0] = in[1] = obs[0] = obs[1] = -1;
     if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0)
         return -1;
     if (want_in && pipe2(in, O_CLOEXEC) < 0) return -1;
+    if (want_obs && pipe2(obs, O_CLOEXEC) < 0) return -1;
     return 0;
 }
 
 /* Run an exec request to completion, emitting frames on s. */
 static int run_exec(const struct request *rq, struct sink *s) {
-    int out[2], err[2], in[2], report[2];
-    struct capture caps[2];
+    int out[2], err[2], in[2], report[2], obs[2];
+    struct capture caps[NCAPS];
     struct exec_state st = {0};
     double t0 = now_ms_f();
     long long oom_before = read_oom_kill();
 
-    if (make_pipes(out, err, in, report, rq->stdin_len > 0) < 0) {
+    if (make_pipes(out, err, in, report, obs, rq->stdin_len > 0, rq->observe > 0) < 0) {
         emit_error(s, "internal", "pipe: %s", strerror(errno));
         return 1;
     }
@@ -736,10 +754,11 @@ static int run_exec(const struct request *rq, struct sink *s) {
         emit_error(s, "spawn", "fork: %s", strerror(errno));
         return 1;
     }
-    if (st.pid == 0) child_exec(rq, in[0], out[1], err[1], report[1]);
+    if (st.pid == 0) child_exec(rq, in[0], out[1], err[1], report[1], obs[1]);
     close(out[1]);
     close(err[1]);
     close(report[1]);
+    if (obs[1] >= 0) close(obs[1]);
     if (in[0] >= 0) close(in[0]);
 
     int cwd_errno = 0;
@@ -749,6 +768,7 @@ static int run_exec(const struct request *rq, struct sink *s) {
     close(report[0]);
     if (rn == (ssize_t)sizeof cwd_errno) {
         waitpid(st.pid, NULL, 0);
+        if (obs[0] >= 0) close(obs[0]);
         emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(cwd_errno));
         return 1;
     }
@@ -758,14 +778,19 @@ static int run_exec(const struct request *rq, struct sink *s) {
 
     capture_init(&caps[0], 'O', out[0], rq->max_output);
     capture_init(&caps[1], 'E', err[0], rq->max_output);
+    capture_init(&caps[2], 'C', obs[0], rq->observe ? rq->observe : 0);
     set_nonblock(out[0]);
     set_nonblock(err[0]);
+    if (obs[0] >= 0) set_nonblock(obs[0]);
     if (in[1] >= 0) set_nonblock(in[1]);
     st.deadline = rq->timeout_ms ? now_ms() + rq->timeout_ms : 0;
 
     exec_loop(&st, rq, caps, in[1], s);
     if (st.timed_out || s->broken) kill_group_until_gone(st.pid);
     drain_now(caps, s);
+    /* The observation pipe is never drained after the command: what is written later
+     * (by a process the command left behind) is not the command's observation. */
+    capture_close(&caps[2]);
     if (caps[0].fd >= 0 || caps[1].fd >= 0) spawn_drainer(caps, 2);
     for (int i = 0; i < 2; i++) capture_close(&caps[i]);
     emit_exec_result(s, &st, caps, oom_before, t0);

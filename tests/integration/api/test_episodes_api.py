@@ -80,7 +80,7 @@ def test_oracle_scores_one_and_noop_zero(stack: Stack) -> None:
 
 
 HACKS = {
-    # a pytest shadow in the workdir (cwd is not on sys.path in the verifier)
+    # a pytest shadow in the workdir
     "shadow": "mkdir -p /app/_pytest && printf 'import sys; sys.exit(0)\\n' > /app/pytest.py",
     # a root conftest that turns every failure into a pass
     "conftest": "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\n"
@@ -112,14 +112,7 @@ HACKS = {
     # no workdir at all: the agent's outcome (0), not a verifier error
     "no-workdir": "rm -rf /app",
 }
-GATED = {
-    "attr": "shadows modules",
-    "shadow": "shadows modules",
-    "pyc": "shadows modules",
-    "plugin": "shadows modules",
-    "sparse": "storage limit of 2048 MiB",
-    "no-workdir": "is not a directory",
-}
+DODGES = {"sparse": "too_big", "no-workdir": "workdir_gone"}
 
 
 @pytest.mark.parametrize("hack", sorted(HACKS))
@@ -133,8 +126,8 @@ def test_reward_hacks_score_zero(stack: Stack, hack: str) -> None:
     details = rec["verifier"]["details"]
     if hack in ("conftest", "toolchain", "planted", "profile", "pyc", "plugin", "dot-pytest-ini"):
         assert details["tampered"], details
-    if hack in GATED:
-        assert GATED[hack] in details["gate"], details
+    if hack in DODGES:
+        assert details["dodge"] == DODGES[hack], details
     assert time.monotonic() - t0 < 30  # the sparse file is refused, not copied
 
 
@@ -221,7 +214,7 @@ def _tiny_task(root: Path, name: str, test_sh: str, *, timeout_s: float = 30.0) 
     return task
 
 
-def test_a_killed_test_run_is_an_error_not_its_forged_report(stack: Stack, tmp_path: Path) -> None:
+def test_a_killed_test_run_scores_zero_not_its_forged_report(stack: Stack, tmp_path: Path) -> None:
     # Found by a new-user trial: code the tests run (a git fsmonitor hook) wrote a passing
     # report, then killed the run before the real verdict was written; it scored 1.0.
     forged = "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n"
@@ -235,11 +228,13 @@ def test_a_killed_test_run_is_an_error_not_its_forged_report(stack: Stack, tmp_p
         assert r.status_code == 201, r.text
         ep = r.json()["episodes"][0]
         rec = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ).json()
-        assert (rec["reward"], rec["verifier"]["status"]) == (None, "error"), rec["verifier"]
-        assert "killed" in rec["verifier"]["details"]["reason"]
+        assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+        assert rec["verifier"]["details"]["dodge"] in ("killed", "no_tests_observed")
 
 
-def test_verifier_timeout_is_not_a_zero(stack: Stack, tmp_path: Path) -> None:
+def test_tests_that_hang_score_zero(stack: Stack, tmp_path: Path) -> None:
+    # Issue 9: an end state that makes the tests hang is the agent's outcome (0, status
+    # ok), not a timeout excluded from loss (a policy would learn to dodge its zeros).
     task = tmp_path / "slow" / "sleepy"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -266,10 +261,11 @@ def test_verifier_timeout_is_not_a_zero(stack: Stack, tmp_path: Path) -> None:
     ep = r.json()["episodes"][0]
     rec = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ).json()
     assert (rec["reward"], rec["verifier"]["status"], rec["exclude_from_loss"]) == (
-        None,
-        "timeout",
-        True,
+        0.0,
+        "ok",
+        False,
     )
+    assert rec["verifier"]["details"]["dodge"] == "timeout"
 
 
 def test_episode_survives_a_control_plane_restart(stack: Stack) -> None:

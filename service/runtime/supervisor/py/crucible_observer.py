@@ -1,0 +1,220 @@
+"""Crucible's pytest plugin in the verifier's sandbox: report every test's outcome to the
+control plane over the observation pipe, and run two canaries among the task's tests.
+
+Loaded through ``PYTEST_PLUGINS=crucible_observer`` (plugin autoload is off; the plugins of
+the task image's own distributions are loaded here instead, never those the agent wrote).
+Standard library and pytest only; Python 3.8 or newer; pytest 6.2 or newer.
+
+The channel: the supervisor gives the test command an observation pipe as fd 3. At import,
+in the first pytest process that holds it, this plugin moves it to a close-on-exec
+descriptor (processes the tests start cannot write to it), makes the process non-dumpable
+(other processes cannot open its descriptors through ``/proc``) and removes the run's
+secret, ``CRUCIBLE_OBSERVE`` (a JSON object: ``nonce`` and the two canary ``tokens``), from
+the environment. Each record is one JSON line, written with a single ``write`` (atomic on
+a pipe below ``PIPE_BUF``), carrying the nonce:
+
+    {"k": nonce, "e": "start", "pid": 12}
+    {"k": nonce, "e": "test", "id": "tests/test_x.py::test_a", "o": "passed"}
+    {"k": nonce, "e": "test", "id": "...", "o": "failed", "c": token}   (a canary)
+    {"k": nonce, "e": "end", "exitstatus": 1}
+
+The canaries: a must-pass and a must-fail test, named like the task's own and placed at
+random among them. A run whose reporting was bent (every test made to pass, the process
+ended early with a good status) shows it on a canary; the control plane then scores 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import stat
+import sys
+
+import pytest
+
+_FD = 3
+_MAX_ID = 400
+_SUFFIXES = ("again", "edge", "empty", "extra", "boundary", "regression", "roundtrip", "case")
+
+
+def _take_channel():
+    """(fd, secret) when this process holds the observation pipe, else None."""
+    raw = os.environ.pop("CRUCIBLE_OBSERVE", None)
+    plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
+    rest = [p for p in plugins if p.strip() != "crucible_observer"]
+    if rest:
+        os.environ["PYTEST_PLUGINS"] = ",".join(rest)
+    else:
+        os.environ.pop("PYTEST_PLUGINS", None)
+    if os.environ.pop("CRUCIBLE_RESTORE_AUTOLOAD", None) == "1":
+        os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # nested runs behave as usual
+    if raw is None:
+        return None
+    try:
+        if not stat.S_ISFIFO(os.fstat(_FD).st_mode):
+            return None
+        fd = os.dup(_FD)  # os.dup gives a non-inheritable (close-on-exec) descriptor
+        os.close(_FD)
+        secret = json.loads(raw)
+        if not isinstance(secret, dict):
+            return None
+    except (OSError, ValueError):
+        return None
+    _not_dumpable()
+    return fd, secret
+
+
+def _not_dumpable() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+
+
+class _Observer:
+    def __init__(self, fd: int, secret: dict) -> None:
+        self.fd = fd
+        self.pid = os.getpid()
+        self.nonce = str(secret.get("nonce", ""))
+        tokens = secret.get("tokens") or {}
+        self.tokens = {"pass": str(tokens.get("pass", "")), "fail": str(tokens.get("fail", ""))}
+        self.rng = random.Random(str(secret.get("seed", "")))
+        self.canaries = {}  # nodeid -> token
+        self.phases = {}  # nodeid -> outcome so far
+
+    def send(self, event: str, **fields) -> None:
+        record = {"k": self.nonce, "e": event, "p": self.pid, **fields}
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8", "replace")
+        with contextlib.suppress(OSError):
+            os.write(self.fd, data[:4000])
+
+    # ---------------------------------------------------------------- pytest hooks
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session) -> None:  # noqa: ANN001
+        self.send("start")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session, config, items) -> None:  # noqa: ANN001
+        modules = [m for m in (i.getparent(pytest.Module) for i in items) if m is not None]
+        if not modules:
+            return
+        taken = {i.nodeid for i in items}
+        for kind in ("pass", "fail"):
+            module = self.rng.choice(modules)
+            while True:
+                base = self.rng.choice(items).name.split("[", 1)[0]
+                name = f"{base}_{self.rng.choice(_SUFFIXES)}{self.rng.randint(2, 99)}"
+                if f"{module.nodeid}::{name}" not in taken:
+                    break
+            item = pytest.Function.from_parent(module, name=name, callobj=_canary(kind, self.rng))
+            taken.add(item.nodeid)
+            items.insert(self.rng.randint(0, len(items)), item)
+            self.canaries[item.nodeid] = self.tokens[kind]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):  # noqa: ANN001, ANN201
+        """Canaries run like every test but are not logged: the task's own reports, exit
+        status and counts never see them."""
+        if item.nodeid not in self.canaries:
+            return None
+        from _pytest.runner import runtestprotocol
+
+        runtestprotocol(item, nextitem=nextitem, log=False)
+        return True
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item, call):  # noqa: ANN001, ANN201
+        outcome = yield
+        try:
+            report = outcome.get_result()
+        except BaseException:  # noqa: BLE001 (a hook that raised: the phase failed)
+            self._phase(item.nodeid, call.when, "failed")
+            return
+        result = report.outcome
+        if getattr(report, "wasxfail", None) is not None:
+            result = "xfailed" if report.skipped else "failed"  # an xpass is not a pass
+        self._phase(item.nodeid, report.when, result)
+
+    def _phase(self, nodeid: str, when: str, result: str) -> None:
+        so_far = self.phases.get(nodeid, "passed")
+        if so_far == "passed" and (when == "call" or result != "passed"):
+            so_far = result
+        self.phases[nodeid] = so_far
+        if when == "teardown":
+            self._finish(nodeid)
+
+    def _finish(self, nodeid: str) -> None:
+        result = self.phases.pop(nodeid, None)
+        if result is None:
+            return
+        fields = {"id": nodeid[:_MAX_ID], "o": result}
+        if nodeid in self.canaries:
+            fields["c"] = self.canaries[nodeid]
+        self.send("test", **fields)
+
+    def pytest_collectreport(self, report) -> None:  # noqa: ANN001
+        if report.failed:
+            self.send("test", id=str(report.nodeid)[:_MAX_ID], o="error")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus) -> None:  # noqa: ANN001
+        for nodeid in list(self.phases):
+            self._finish(nodeid)
+        self.send("end", exitstatus=int(exitstatus))
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _canary(kind: str, rng: random.Random):  # noqa: ANN202
+    n = rng.randint(50, 5000)
+    expected = n * (n - 1) // 2 + (0 if kind == "pass" else rng.randint(1, 9))
+
+    def test() -> None:
+        assert sum(range(n)) == expected
+
+    return test
+
+
+def _pristine_plugins() -> list:
+    """Module names of the ``pytest11`` entry points of the image's own distributions:
+    what autoload would have loaded, never a distribution the agent wrote."""
+    if not _AUTOLOAD_OFF:
+        return []
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover (Python < 3.8)
+        return []
+    from crucible_guard import _threshold, is_agent_written
+
+    threshold = _threshold()
+    names, seen = [], set()
+    for dist in metadata.distributions():
+        where = str(getattr(dist, "_path", "") or "")
+        if not where or is_agent_written(where, threshold):
+            continue
+        for ep in dist.entry_points:
+            if ep.group != "pytest11" or ep.value in seen:
+                continue
+            seen.add(ep.value)
+            if ":" in ep.value:
+                sys.stderr.write(f"crucible_observer: plugin {ep.name} ({ep.value}) not loaded\n")
+                continue
+            names.append(ep.value)
+    return names
+
+
+_AUTOLOAD_OFF = bool(os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"))
+_CHANNEL = _take_channel()
+pytest_plugins = _pristine_plugins()
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001
+    """Register the observer (only in the process that holds the pipe)."""
+    if _CHANNEL is not None and not config.pluginmanager.has_plugin("crucible-observer"):
+        config.pluginmanager.register(_Observer(*_CHANNEL), "crucible-observer")
