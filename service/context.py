@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service import faults
 from service.config import Settings
 from service.db.engine import Database
 from service.pool import PoolManager
@@ -35,7 +36,7 @@ class ServiceContext:
         if runtime is None:
             from service.runtime.docker import DockerRuntime
 
-            runtime = DockerRuntime.from_settings(settings)
+            runtime = faults.wrap(DockerRuntime.from_settings(settings))  # CRUCIBLE_FAULT_*
         tasks = TaskRegistry.from_root(settings.tasks_dir, collect_errors=True, settings=settings)
 
         def task_template(name: str) -> Template | None:
