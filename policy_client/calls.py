@@ -128,6 +128,15 @@ def snapshot(sandbox_id: str) -> Call:
     return Call("POST", f"/v1/sandboxes/{sandbox_id}/snapshots", model=SnapshotOut)
 
 
+def get_snapshot(snapshot_id: str) -> Call:
+    return Call("GET", f"/v1/snapshots/{snapshot_id}", idempotent=True, model=SnapshotOut)
+
+
+def delete_snapshot(snapshot_id: str) -> Call:
+    # not retried: a retry after a delete that went through would answer 404
+    return Call("DELETE", f"/v1/snapshots/{snapshot_id}", empty_ok=True)
+
+
 def fork(snapshot_id: str, n: int, *, ttl_s: int | None = None) -> Call:
     return Call(
         "POST",

@@ -230,6 +230,14 @@ class Client(_Base):
         """Snapshot a sandbox's filesystem."""
         return self.run(calls.snapshot(sandbox_id))
 
+    def get_snapshot(self, snapshot_id: str) -> SnapshotOut:
+        """One of the caller's snapshots (its bytes and expiry)."""
+        return self.run(calls.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot (forks keep running); its snapshot quota is given back."""
+        self.run(calls.delete_snapshot(snapshot_id))
+
     def fork(self, snapshot_id: str, n: int, *, ttl_s: int | None = None) -> ForkOut:
         """Start ``n`` sandboxes from a snapshot."""
         return self.run(calls.fork(snapshot_id, n, ttl_s=ttl_s))
@@ -529,6 +537,14 @@ class AsyncClient(_Base):
     async def snapshot(self, sandbox_id: str) -> SnapshotOut:
         """Snapshot a sandbox's filesystem."""
         return await self.run(calls.snapshot(sandbox_id))
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotOut:
+        """One of the caller's snapshots (its bytes and expiry)."""
+        return await self.run(calls.get_snapshot(snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot (forks keep running); its snapshot quota is given back."""
+        await self.run(calls.delete_snapshot(snapshot_id))
 
     async def fork(self, snapshot_id: str, n: int, *, ttl_s: int | None = None) -> ForkOut:
         """Start ``n`` sandboxes from a snapshot."""

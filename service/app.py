@@ -29,6 +29,7 @@ from service.config import Settings, get_settings
 from service.context import ServiceContext
 from service.idempotency import IdempotencyMiddleware
 from service.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from service.sandboxes import expire_snapshots
 from service.serverlock import ServerLock
 
 log = logging.getLogger("crucible")
@@ -86,6 +87,7 @@ def bootstrap(ctx: ServiceContext) -> None:
     counts = ctx.pools.reconcile()
     recovered = recovery.recover_on_start(ctx)
     ctx.pools.add_maintenance(lambda: recovery.reclaim(ctx))
+    ctx.pools.add_maintenance(lambda: expire_snapshots(ctx))
     ctx.pools.add_maintenance(lambda: idempotency.prune(ctx.db))
     log.info("reconciled deployment %s: %s; recovered %s", s_.deployment, counts, recovered)
 

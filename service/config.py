@@ -68,11 +68,6 @@ class Settings(BaseSettings):
     default_max_output_bytes: int = Field(1 << 20, ge=1)
     max_output_bytes_limit: int = Field(16 << 20, ge=1)
     max_upload_bytes: int = Field(64 << 20, ge=1)
-    max_fork_n: int = Field(64, ge=1)
-
-    default_quota_sandboxes: int = Field(32, ge=0)
-    default_quota_cpus: float = Field(32.0, ge=0)
-    default_quota_memory_mb: int = Field(64 * 1024, ge=0)
     max_body_bytes: int = Field(
         16 << 20,
         ge=1,
@@ -80,6 +75,17 @@ class Settings(BaseSettings):
         "have max_upload_bytes; a larger one is a 413 before it is read.",
     )
     max_json_depth: int = Field(64, ge=1, description="Deepest nesting of a JSON body.")
+    snapshot_ttl_s: int = Field(
+        24 * 3600,
+        ge=1,
+        description="A snapshot is deleted this long after it was made (the pool loop "
+        "expires it); a tenant's snapshots count against its snapshot quota until then.",
+    )
+    max_fork_n: int = Field(64, ge=1)
+
+    default_quota_sandboxes: int = Field(32, ge=0)
+    default_quota_cpus: float = Field(32.0, ge=0)
+    default_quota_memory_mb: int = Field(64 * 1024, ge=0)
 
     tasks_dir: Path = Field(
         Path(__file__).resolve().parent.parent / "tasks",

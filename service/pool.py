@@ -77,7 +77,8 @@ class PoolManager:
         self._inflight: dict[str, int] = {}
         self._images_seen: dict[str, tuple[bool, float]] = {}
         self._pruned_at = 0.0
-        self._demand: dict[str, int] = {}  # in-process warm targets asked for by jobs
+        # in-process warm targets asked for by jobs: (tenant, template) -> size
+        self._demand: dict[tuple[str | None, str], int] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -117,17 +118,27 @@ class PoolManager:
             )
         self._wake.set()
 
-    def add_demand(self, template: str, size: int = 1) -> None:
-        """Ask for ``size`` warm sandboxes of ``template`` while a job needs it (in-process,
-        never below the stored target)."""
+    def add_demand(
+        self, template: str, size: int = 1, *, owner: str | None = None, budget: int | None = None
+    ) -> int:
+        """Ask for ``size`` warm sandboxes of ``template`` while a job of ``owner`` (a
+        tenant) needs it (in-process, never below the stored target); return how many were
+        granted. With ``budget``, the owner's demands over all its templates stay within it
+        (a tenant's jobs cannot make the service start more warm sandboxes than its quota
+        has room for)."""
         with self._lock:
-            self._demand[template] = max(self._demand.get(template, 0), size)
+            key = (owner, template)
+            held = sum(n for (o, t), n in self._demand.items() if o == owner and t != template)
+            granted = size if budget is None else max(0, min(size, budget - held))
+            if granted:
+                self._demand[key] = max(self._demand.get(key, 0), granted)
         self._wake.set()
+        return granted
 
-    def drop_demand(self, template: str) -> None:
-        """Forget a job's demand for ``template``; surplus warm sandboxes are trimmed."""
+    def drop_demand(self, template: str, *, owner: str | None = None) -> None:
+        """Forget ``owner``'s demand for ``template``; surplus warm sandboxes are trimmed."""
         with self._lock:
-            self._demand.pop(template, None)
+            self._demand.pop((owner, template), None)
         self._wake.set()
 
     def levels(self) -> dict[str, dict[str, int]]:
@@ -143,8 +154,10 @@ class PoolManager:
                 for p in s.execute(select(Pool).where(Pool.deployment == self.deployment)).scalars()
             }
         out: dict[str, dict[str, int]] = {}
+        demand: dict[str, int] = {}
         with self._lock:
-            demand = dict(self._demand)
+            for (_, template), n in self._demand.items():
+                demand[template] = max(demand.get(template, 0), n)
         names = {t.name for t in self.templates.all()} | set(overrides) | {r[0] for r in rows}
         for name in names:
             tgt = max(

@@ -434,7 +434,16 @@ def exec_stream(
 
 
 def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snapshot:
-    """Freeze the sandbox's filesystem (pause, commit, unpause) into a snapshot."""
+    """Freeze the sandbox's filesystem (pause, commit, unpause) into a snapshot.
+
+    The snapshot counts against the tenant's snapshot quota (one, and the bytes of the
+    writable layer committed, measured first) and expires ``snapshot_ttl_s`` after it is
+    made. Nothing is committed when the quota refuses.
+
+    Raises:
+        Conflict: not leased, or busy. QuotaExceeded, QuotaNeverFits: the snapshot quota.
+        SandboxError: the engine failed (the reservation is given back).
+    """
     row = get_live(ctx, principal, sandbox_id)
     with ctx.db.session() as s:
         ok = s.execute(
@@ -448,8 +457,23 @@ def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snap
     snap_id = new_id("snap")
     repo = f"{ctx.settings.image_prefix}-snapshots/{ctx.settings.deployment}".lower()
     t0 = time.perf_counter()
+    reserved: int | None = None
     try:
+        nbytes = ctx.runtime.disk_usage_bytes(row.container_id)
+        try:
+            with ctx.db.session() as s:
+                tenants.reserve_snapshot(s, row.tenant_id, nbytes)
+        except (QuotaExceeded, QuotaNeverFits) as e:
+            QUOTA_REFUSALS.inc()
+            _audit_refusal(ctx, principal, Resources(0, 0, 0), e, snapshot_bytes=nbytes)
+            raise
+        reserved = nbytes
         image_id = ctx.runtime.snapshot(row.container_id, repository=repo, tag=snap_id)
+    except BaseException:
+        if reserved is not None:
+            with ctx.db.session() as s:
+                tenants.release_snapshot(s, row.tenant_id, reserved)
+        raise
     finally:
         with ctx.db.session() as s:
             s.execute(
@@ -467,6 +491,8 @@ def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snap
             template=row.template,
             image=f"{repo}:{snap_id}",
             image_id=image_id,
+            bytes=nbytes,
+            expires_at=utcnow() + timedelta(seconds=ctx.settings.snapshot_ttl_s),
         )
         s.add(snap)
         audit.record(
@@ -478,6 +504,7 @@ def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snap
             details={
                 "snapshot_id": snap_id,
                 "image_id": image_id,
+                "bytes": nbytes,
                 "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
             },
         )
@@ -498,25 +525,61 @@ def get_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str) ->
     return snap
 
 
-def delete_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str) -> None:
-    """Delete a snapshot and its image (sandboxes forked from it keep running)."""
-    snap = get_snapshot(ctx, principal, snapshot_id)
+def _end_snapshot(
+    ctx: ServiceContext, snap: Snapshot, action: str, *, key_id: str | None = None
+) -> bool:
+    """Mark ``snap`` deleted (guarded: once), give back its quota, audit ``action``, and
+    remove its image in the background. False when it had already ended."""
     with ctx.db.session() as s:
-        s.execute(
+        ended = s.execute(
             update(Snapshot)
-            .where(Snapshot.id == snapshot_id)
+            .where(Snapshot.id == snap.id, Snapshot.deleted_at.is_(None))
             .values(deleted_at=utcnow())
             .execution_options(synchronize_session=False)
-        )
+        ).rowcount
+        if not ended:
+            return False
+        tenants.release_snapshot(s, snap.tenant_id, snap.bytes)
         audit.record(
             s,
-            "snapshot.delete",
-            tenant_id=principal.tenant_id,
-            key_id=principal.key_id,
+            action,
+            tenant_id=snap.tenant_id,
+            key_id=key_id,
             sandbox_id=snap.sandbox_id,
-            details={"snapshot_id": snapshot_id},
+            details={"snapshot_id": snap.id, "bytes": snap.bytes},
         )
     ctx.pools.background(ctx.runtime.remove_image, snap.image)
+    return True
+
+
+def delete_snapshot(ctx: ServiceContext, principal: Principal, snapshot_id: str) -> None:
+    """Delete a snapshot and its image (sandboxes forked from it keep running); its quota
+    is given back.
+
+    Raises:
+        NotFound: unknown, foreign, or already deleted (also by a concurrent call).
+    """
+    snap = get_snapshot(ctx, principal, snapshot_id)
+    if not _end_snapshot(ctx, snap, "snapshot.delete", key_id=principal.key_id):
+        raise NotFound(f"no snapshot {snapshot_id!r}", field="snapshot_id")
+
+
+def expire_snapshots(ctx: ServiceContext) -> int:
+    """Delete this deployment's snapshots whose TTL passed (run by the pool loop); return
+    how many. Each is audited as ``snapshot.expire`` and its quota given back."""
+    with ctx.db.read() as s:
+        due = (
+            s.execute(
+                select(Snapshot).where(
+                    Snapshot.deployment == ctx.settings.deployment,
+                    Snapshot.deleted_at.is_(None),
+                    Snapshot.expires_at < utcnow(),
+                )
+            )
+            .scalars()
+            .all()
+        )
+    return sum(_end_snapshot(ctx, snap, "snapshot.expire") for snap in due)
 
 
 def fork(

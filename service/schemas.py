@@ -130,12 +130,15 @@ class FileOut(_Model):
 
 
 class SnapshotOut(_Model):
-    """A filesystem snapshot of a sandbox."""
+    """A filesystem snapshot of a sandbox. ``bytes`` (its writable layer) counts against
+    the tenant's snapshot quota until it is deleted or expires at ``expires_at``."""
 
     id: str
     sandbox_id: str
     template: str
     created_at: datetime
+    bytes: int = 0
+    expires_at: datetime | None = None
 
 
 class ForkIn(_Model):

@@ -20,7 +20,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service import audit
-from service.db.models import ApiKey, Sandbox, Tenant, utcnow
+from service.db.models import ApiKey, Sandbox, Snapshot, Tenant, utcnow
 from service.errors import AuthError, InvalidRequest, QuotaExceeded, QuotaNeverFits
 
 LIVE_STATES = ("starting", "leased", "snapshotting")
@@ -62,8 +62,14 @@ def create_tenant(
     max_sandboxes: int,
     max_cpus: float,
     max_memory_mb: int,
+    max_snapshots: int | None = None,
+    max_snapshot_bytes: int | None = None,
 ) -> Tenant:
-    """Create a tenant (or update its quota if it exists) and return it."""
+    """Create a tenant (or update its quota if it exists) and return it.
+
+    ``max_snapshots`` / ``max_snapshot_bytes``: how many snapshots it may hold and their
+    total bytes; None keeps the current value (a new tenant: the defaults in the models).
+    """
     if (
         not tenant_id
         or len(tenant_id) > 64
@@ -77,6 +83,10 @@ def create_tenant(
         )
         session.add(t)
     t.max_sandboxes, t.max_cpus, t.max_memory_mb = max_sandboxes, max_cpus, max_memory_mb
+    if max_snapshots is not None:
+        t.max_snapshots = max_snapshots
+    if max_snapshot_bytes is not None:
+        t.max_snapshot_bytes = max_snapshot_bytes
     session.flush()
     return t
 
@@ -216,8 +226,72 @@ def release(session: Session, tenant_id: str, held: Resources) -> None:
     )
 
 
+def sandbox_room(session: Session, tenant_id: str) -> int:
+    """How many more sandboxes the tenant's quota allows now (0 for an unknown tenant)."""
+    row = session.get(Tenant, tenant_id)
+    return 0 if row is None else max(0, row.max_sandboxes - row.used_sandboxes)
+
+
+def reserve_snapshot(session: Session, tenant_id: str, nbytes: int) -> None:
+    """Reserve one snapshot of ``nbytes`` against the tenant's snapshot quota (one guarded
+    UPDATE, like ``reserve``).
+
+    Raises:
+        QuotaNeverFits: ``nbytes`` alone exceeds the byte quota, or the quota allows none.
+        QuotaExceeded: the tenant holds too many snapshots or bytes now (delete some, or
+            wait for their TTL).
+    """
+    t = Tenant
+    done = session.execute(
+        update(t)
+        .where(
+            t.id == tenant_id,
+            t.used_snapshots + 1 <= t.max_snapshots,
+            t.used_snapshot_bytes + nbytes <= t.max_snapshot_bytes,
+        )
+        .values(
+            used_snapshots=t.used_snapshots + 1,
+            used_snapshot_bytes=t.used_snapshot_bytes + nbytes,
+        )
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if done == 1:
+        return
+    row = session.get(Tenant, tenant_id)
+    if row is None:
+        raise AuthError("tenant no longer exists")
+    session.refresh(row)
+    if row.max_snapshots < 1 or nbytes > row.max_snapshot_bytes:
+        raise QuotaNeverFits(
+            f"a snapshot of {nbytes} bytes never fits the tenant's snapshot quota "
+            f"({row.max_snapshots} snapshots, {row.max_snapshot_bytes} bytes)",
+            field="quota",
+        )
+    raise QuotaExceeded(
+        f"snapshot quota exceeded: {row.used_snapshots} of {row.max_snapshots} snapshots, "
+        f"{row.used_snapshot_bytes}+{nbytes} of {row.max_snapshot_bytes} bytes; delete "
+        "snapshots (DELETE /v1/snapshots/{id}) or wait for them to expire",
+        retry_after_s=60,
+    )
+
+
+def release_snapshot(session: Session, tenant_id: str, nbytes: int) -> None:
+    """Give back one snapshot of ``nbytes`` (never below zero)."""
+    t = Tenant
+    greatest = func.max if session.bind.dialect.name == "sqlite" else func.greatest
+    session.execute(
+        update(t)
+        .where(t.id == tenant_id)
+        .values(
+            used_snapshots=greatest(t.used_snapshots - 1, 0),
+            used_snapshot_bytes=greatest(t.used_snapshot_bytes - nbytes, 0),
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
 def recompute_usage(session: Session) -> None:
-    """Reset every tenant's usage from its live sandboxes (used at start-up reconcile)."""
+    """Reset every tenant's usage from its live sandboxes and snapshots (start-up reconcile)."""
     rows = session.execute(
         select(Sandbox.tenant_id, func.count(), func.sum(Sandbox.cpus), func.sum(Sandbox.memory_mb))
         .where(Sandbox.state.in_(LIVE_STATES), Sandbox.tenant_id.is_not(None))
@@ -229,4 +303,16 @@ def recompute_usage(session: Session) -> None:
             update(Tenant)
             .where(Tenant.id == tenant_id)
             .values(used_sandboxes=n, used_cpus=float(cpus or 0), used_memory_mb=int(mem or 0))
+        )
+    snaps = session.execute(
+        select(Snapshot.tenant_id, func.count(), func.sum(Snapshot.bytes))
+        .where(Snapshot.deleted_at.is_(None))
+        .group_by(Snapshot.tenant_id)
+    ).all()
+    session.execute(update(Tenant).values(used_snapshots=0, used_snapshot_bytes=0))
+    for tenant_id, n, nbytes in snaps:
+        session.execute(
+            update(Tenant)
+            .where(Tenant.id == tenant_id)
+            .values(used_snapshots=n, used_snapshot_bytes=int(nbytes or 0))
         )

@@ -8,7 +8,7 @@ import threading
 
 from fastapi import APIRouter, Response, status
 
-from service import episodes, scheduler
+from service import episodes, scheduler, tenants
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
 from service.context import ServiceContext
@@ -58,13 +58,21 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
     )
 
 
-def _prepare(ctx: ServiceContext, suite: str, task_ids: list[str]) -> None:
+def _prepare(ctx: ServiceContext, tenant_id: str, suite: str, task_ids: list[str]) -> None:
     """Build the job's task images and ask for two warm sandboxes per task (background): one
-    for an episode, one for the pristine sandbox its verification takes."""
+    for an episode, one for the pristine sandbox its verification takes.
+
+    The warm sandboxes a tenant's jobs ask for, over all its jobs and templates, stay
+    within the room its sandbox quota has now (``tenants.sandbox_room``): past it, tasks
+    start cold. A tenant allowed 2 sandboxes makes the service keep at most 2 warm for it.
+    """
+    with ctx.db.read() as s:
+        budget = tenants.sandbox_room(s, tenant_id)
     for task_id in task_ids:
         try:
             task = episodes.resolve_task(ctx, task_id, suite)
-            ctx.pools.add_demand(episodes.ensure_template(ctx, task), 2)
+            template = episodes.ensure_template(ctx, task)
+            ctx.pools.add_demand(template, 2, owner=tenant_id, budget=budget)
         except CrucibleError as e:
             log.warning("preparing %s/%s failed: %s", suite, task_id, e.detail)
 
@@ -98,7 +106,10 @@ def create_job(body: JobIn, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
         max_attempts=body.max_attempts,
     )
     threading.Thread(
-        target=_prepare, args=(ctx, body.suite, task_ids), daemon=True, name=f"prepare-{job.id}"
+        target=_prepare,
+        args=(ctx, principal.tenant_id, body.suite, task_ids),
+        daemon=True,
+        name=f"prepare-{job.id}",
     ).start()
     return job_out(ctx, job)
 
@@ -131,7 +142,8 @@ def cancel(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     job = scheduler.cancel(ctx.db, principal, job_id)
     for task_id in job.task_ids:
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
-            ctx.pools.drop_demand(template_name(episodes.resolve_task(ctx, task_id, job.suite)))
+            template = template_name(episodes.resolve_task(ctx, task_id, job.suite))
+            ctx.pools.drop_demand(template, owner=job.tenant_id)
     return job_out(ctx, job)
 
 
@@ -168,5 +180,5 @@ def complete(item_id: str, body: CompleteIn, ctx: Ctx, principal: CurrentPrincip
     if item.state in ("done", "failed") and job.state in scheduler.FINAL_JOB_STATES:
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
             task = episodes.resolve_task(ctx, item.task_id, job.suite)
-            ctx.pools.drop_demand(template_name(task))
+            ctx.pools.drop_demand(template_name(task), owner=job.tenant_id)
     return item_out(item, job)

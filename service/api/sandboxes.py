@@ -55,7 +55,12 @@ def sandbox_out(row: Sandbox) -> SandboxOut:
 def snapshot_out(snap: Snapshot) -> SnapshotOut:
     """DB row -> API schema."""
     return SnapshotOut(
-        id=snap.id, sandbox_id=snap.sandbox_id, template=snap.template, created_at=snap.created_at
+        id=snap.id,
+        sandbox_id=snap.sandbox_id,
+        template=snap.template,
+        created_at=snap.created_at,
+        bytes=snap.bytes,
+        expires_at=snap.expires_at,
     )
 
 

@@ -44,6 +44,11 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value
 
 
+# Snapshot quota of a tenant made without one (and of tenants that predate it, migration 0004).
+DEFAULT_MAX_SNAPSHOTS = 64
+DEFAULT_MAX_SNAPSHOT_BYTES = 20 << 30
+
+
 class Base(DeclarativeBase):
     """Declarative base of every Crucible table."""
 
@@ -62,6 +67,11 @@ class Tenant(Base):
     used_sandboxes: Mapped[int] = mapped_column(Integer, default=0)
     used_cpus: Mapped[float] = mapped_column(Float, default=0.0)
     used_memory_mb: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Snapshots held (not deleted or expired) and their bytes (the writable layer committed).
+    max_snapshots: Mapped[int] = mapped_column(Integer, default=DEFAULT_MAX_SNAPSHOTS)
+    max_snapshot_bytes: Mapped[int] = mapped_column(BigInteger, default=DEFAULT_MAX_SNAPSHOT_BYTES)
+    used_snapshots: Mapped[int] = mapped_column(Integer, default=0)
+    used_snapshot_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -126,8 +136,12 @@ class Snapshot(Base):
     template: Mapped[str] = mapped_column(String(64))
     image: Mapped[str] = mapped_column(String(300))
     image_id: Mapped[str] = mapped_column(String(100))
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # charged to the tenant's quota
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (Index("ix_snapshots_expiry", "deleted_at", "expires_at"),)
 
 
 class Pool(Base):
