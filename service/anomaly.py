@@ -20,6 +20,13 @@ against 20. Only rises are flagged: an agent that suddenly "solves" a task is th
 a verifier it can game; a drop is a regression, not an exploit.
 
 ``update_gauge`` publishes ``crucible_verifier_anomaly{scope, key}`` (1 flagged, 0 not).
+
+Beside the spike test, ``outcome_rates`` counts, per task over its newest ``window``
+records, how often verification ended in a dodge (a 0 the end state caused: a hang, a
+crash, a tampered report; ``verifier.details.dodge``), a tampered report, or an error
+(excluded from loss). A policy that learns to dodge shows as a rising dodge rate before
+anything else; ``crucible_verifier_dodge_rate{task}`` and ``..._error_rate{task}`` publish
+them.
 """
 
 from __future__ import annotations
@@ -51,6 +58,82 @@ VERIFIER_ANOMALY = Gauge(
     ["scope", "key"],
     registry=REGISTRY,
 )
+
+
+DODGE_RATE = Gauge(
+    "crucible_verifier_dodge_rate",
+    "Share of a task's newest records whose 0 the end state caused (hang, crash, tamper...).",
+    ["task"],
+    registry=REGISTRY,
+)
+ERROR_RATE = Gauge(
+    "crucible_verifier_error_rate",
+    "Share of a task's newest records whose verification failed (status error or timeout).",
+    ["task"],
+    registry=REGISTRY,
+)
+
+
+class OutcomeRates(BaseModel):
+    """How one task's newest ``n`` records ended. Rates are fractions of ``n`` in [0, 1];
+    ``dodges`` counts each cause (``verifier.details.dodge``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    n: int
+    dodge_rate: float
+    tamper_rate: float
+    error_rate: float
+    dodges: dict[str, int]
+
+
+def outcome_rates(
+    db: Database, *, tenant_id: str | None = None, window: int = DEFAULT_WINDOW
+) -> list[OutcomeRates]:
+    """Dodge, tamper and error rates per task over its newest ``window`` records (module
+    docstring), sorted by task. ``tenant_id`` None pools every tenant."""
+    R = RewardRecordRow
+    rn = func.row_number().over(
+        partition_by=R.task_id, order_by=(R.created_at.desc(), R.record_id.desc())
+    )
+    dodge = R.record["verifier"]["details"]["dodge"].as_string()
+    ranked = select(
+        R.task_id.label("task"), R.status.label("status"), dodge.label("dodge"), rn.label("rn")
+    )
+    if tenant_id is not None:
+        ranked = ranked.where(R.tenant_id == tenant_id)
+    sq = ranked.subquery()
+    with db.read() as s:
+        rows = s.execute(select(sq.c.task, sq.c.status, sq.c.dodge).where(sq.c.rn <= window)).all()
+    per: dict[str, list[tuple[str, str | None]]] = {}
+    for task, status, cause in rows:
+        per.setdefault(task, []).append((status, cause))
+    out = []
+    for task, recs in sorted(per.items()):
+        n = len(recs)
+        causes: dict[str, int] = {}
+        for _, cause in recs:
+            if cause:
+                causes[cause] = causes.get(cause, 0) + 1
+        out.append(
+            OutcomeRates(
+                task_id=task,
+                n=n,
+                dodge_rate=sum(causes.values()) / n,
+                tamper_rate=causes.get("tampered", 0) / n,
+                error_rate=sum(1 for st, _ in recs if st != "ok") / n,
+                dodges=causes,
+            )
+        )
+    return out
+
+
+def update_rate_gauges(rates: Iterable[OutcomeRates]) -> None:
+    """Publish ``crucible_verifier_dodge_rate`` and ``_error_rate`` per task."""
+    for r in rates:
+        DODGE_RATE.labels(task=r.task_id).set(r.dodge_rate)
+        ERROR_RATE.labels(task=r.task_id).set(r.error_rate)
 
 
 class Anomaly(BaseModel):

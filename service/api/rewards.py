@@ -41,9 +41,11 @@ class RewardPage(BaseModel):
 
 
 class AnomalyList(BaseModel):
-    """Pass-rate anomalies per task and domain (``flagged``: verifier possibly gamed)."""
+    """Pass-rate anomalies per task and domain (``flagged``: verifier possibly gamed), and
+    per task how its newest records ended (dodge, tamper and error rates)."""
 
     anomalies: list[anomaly.Anomaly]
+    outcomes: list[anomaly.OutcomeRates] = []
 
 
 @router.get("/rewards", response_model=RewardPage, responses=error_responses(403))
@@ -142,6 +144,10 @@ def anomalies(
         window=window,
         min_history=min_history,
     )
+    rates = anomaly.outcome_rates(
+        ctx.db, tenant_id=None if principal.is_admin else principal.tenant_id, window=window
+    )
     if principal.is_admin:
         anomaly.update_gauge(found)
-    return AnomalyList(anomalies=found)
+        anomaly.update_rate_gauges(rates)
+    return AnomalyList(anomalies=found, outcomes=rates)

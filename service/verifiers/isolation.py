@@ -120,7 +120,7 @@ class ChangePlan:
     too_big: str | None = None
 
 
-def plan_changes(changes: Iterable[FsChange], protected: Iterable[str] = ()) -> ChangePlan:
+def plan_changes(changes: Iterable[FsChange], *, protected: Iterable[str] = ()) -> ChangePlan:
     """Reduce an engine diff to leaves (directories whose children are listed are skipped);
     ``protected`` adds prefixes to the fixed ones (the image's toolchain)."""
     changes = list(changes)

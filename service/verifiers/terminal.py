@@ -221,7 +221,7 @@ def verify(
         vcid = fresh_sandbox()
         created.append(vcid)
         tools = toolchain.scan(runtime, vcid, image=image or vcid, workdir=check.workdir)
-        plan = plan_changes(changes, tools.protected)
+        plan = plan_changes(changes, protected=tools.protected)
         tampered = {"tampered": list(plan.tampered)}
         if plan.too_big:
             return _zero("too_big", f"the end state is too big to verify: {plan.too_big}", t0)

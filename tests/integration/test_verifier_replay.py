@@ -74,7 +74,7 @@ def test_replay_reproduces_the_end_state(
     if host_layers:  # only the layers can tell a type change; the engine's diff cannot
         replaced = {c.path for c in changes if c.replaced}
         assert replaced == {"/etc/debian_version", "/etc/cron.daily"}
-    plan = plan_changes(changes, "/app")
+    plan = plan_changes(changes)
     assert plan.tampered == ("/usr/local/bin/agent-tool",)
     fresh = make_sandbox()
     check = TerminalCheck(test_command="true", tests_dir=None, workdir="/app", timeout_s=60)
@@ -104,7 +104,7 @@ def test_engine_replay_without_type_changes_matches(
     assert runtime.exec(episode, ExecRequest(cmd=["bash", "-c", script], user="0")).exit_code == 0
     expected = _manifest(runtime, episode)
     runtime.freeze(episode)
-    plan = plan_changes(runtime.diff(episode), "/app")
+    plan = plan_changes(runtime.diff(episode))
     fresh = make_sandbox()
     check = TerminalCheck(test_command="true", tests_dir=None, workdir="/app", timeout_s=60)
     _replay(runtime, plan, check, source=episode, into=fresh)

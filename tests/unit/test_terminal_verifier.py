@@ -1,20 +1,18 @@
-"""The terminal verifier's pure parts: reward parsing, JUnit gates, toolchain-tamper planning."""
+"""The terminal verifier's pure parts: reward parsing, the observation's verdict, scoring,
+the toolchain scan and change planning."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from service.runtime.base import FsChange
-from service.verifiers.isolation import is_protected, plan_changes
-from service.verifiers.terminal import (
-    TerminalCheck,
-    parse_junit,
-    parse_pytest_summary,
-    parse_reward,
-    score,
-)
+from service.verifiers.isolation import MAX_CHANGED_ENTRIES, is_protected, plan_changes
+from service.verifiers.observe import Observation, Secret, judge
+from service.verifiers.terminal import TerminalCheck, parse_reward, score
+from service.verifiers.toolchain import parse_scan
 
 CHECK = TerminalCheck(
     test_command="bash /tests/test.sh",
@@ -23,22 +21,32 @@ CHECK = TerminalCheck(
     timeout_s=60,
     expected_tests=3,
 )
+SECRET = Secret.new()
 
 
-def junit(passed: int = 0, failed: int = 0, skipped: int = 0, xfail: int = 0) -> bytes:
-    cases = [f'<testcase name="p{i}"/>' for i in range(passed)]
-    cases += [f'<testcase name="f{i}"><failure message="x"/></testcase>' for i in range(failed)]
-    cases += [f'<testcase name="s{i}"><skipped message="s"/></testcase>' for i in range(skipped)]
-    cases += [
-        f'<testcase name="x{i}"><skipped type="pytest.xfail"/></testcase>' for i in range(xfail)
-    ]
-    body = "".join(cases)
-    return f'<testsuites><testsuite name="t">{body}</testsuite></testsuites>'.encode()
+def line(event: str, pid: int = 7, nonce: str | None = None, **fields: object) -> bytes:
+    rec = {"k": SECRET.nonce if nonce is None else nonce, "e": event, "p": pid, **fields}
+    return json.dumps(rec).encode() + b"\n"
 
 
-def test_parse_junit_counts() -> None:
-    c = parse_junit(junit(passed=2, failed=1, skipped=1, xfail=1))
-    assert (c.total, c.passed, c.failed, c.skipped) == (5, 2, 1, 2)
+def session(
+    *outcomes: str,
+    pass_canary: str = "passed",
+    fail_canary: str = "failed",
+    pid: int = 7,
+    end: bool = True,
+) -> bytes:
+    out = line("start", pid)
+    for i, o in enumerate(outcomes):
+        out += line("test", pid, id=f"t.py::test_{i}", o=o)
+    if outcomes:
+        out += line("test", pid, id="t.py::test_0_edge3", o=pass_canary, c=SECRET.pass_token)
+        out += line("test", pid, id="t.py::test_1_case2", o=fail_canary, c=SECRET.fail_token)
+    return out + (line("end", pid, exitstatus=0) if end else b"")
+
+
+def observed(*outcomes: str) -> Observation:
+    return judge(session(*outcomes), SECRET)
 
 
 @pytest.mark.parametrize(
@@ -55,67 +63,106 @@ def test_parse_reward(txt: bytes | None, js: bytes | None, expected: tuple) -> N
 
 
 @pytest.mark.parametrize(
-    ("txt", "js"), [(None, None), (b"yes", None), (b"nan", None), (None, b"[1]"), (None, b"{}")]
+    ("txt", "js"),
+    [
+        (None, None),
+        (b"yes", None),
+        (b"nan", None),
+        (b"1e308", None),  # stored as a reward once (issue 9): out of [0, 1]
+        (b"-0.5", None),
+        (None, b"[1]"),
+        (None, b"{}"),
+        (None, b'{"reward": NaN}'),
+        (None, b'{"reward": 1, "x": "str"}'),
+        (None, b'{"reward": true}'),
+        (None, b'{"reward": {"nested": 1}}'),
+        (None, b"[" * 100_000 + b"]" * 100_000),
+        (None, json.dumps({f"k{i}": 1 for i in range(40)}).encode()),
+        (None, json.dumps({"x" * 65: 1}).encode()),
+    ],
 )
-def test_unreadable_rewards_are_problems(txt: bytes | None, js: bytes | None) -> None:
+def test_unusable_reward_files_are_problems(txt: bytes | None, js: bytes | None) -> None:
     reward, _, problem = parse_reward(txt, js)
     assert reward is None and problem
 
 
 def test_all_pass_scores_one() -> None:
-    r = score(CHECK, exit_code=0, reward_txt=b"1", reward_json=None, junit=junit(passed=3))
-    assert (r.status, r.reward, r.details["passed"]) == ("ok", 1.0, True)
-    assert r.components == {"reward_file": 1.0, "tests_total": 3, "tests_passed": 3}
-
-
-def test_failure_scores_zero_not_error() -> None:
     r = score(
-        CHECK, exit_code=1, reward_txt=b"0", reward_json=None, junit=junit(passed=2, failed=1)
+        CHECK,
+        observed("passed", "passed", "passed"),
+        exit_code=0,
+        reward_txt=b"1",
+        reward_json=None,
     )
+    assert (r.status, r.reward, r.details["passed"]) == ("ok", 1.0, True)
+    assert r.components["tests_total"] == 3 and r.components["observed_cap"] == 1.0
+
+
+def test_a_reward_file_never_beats_the_observed_outcome() -> None:
+    # issue 9, class 1: code the tests ran wrote {"reward": 1.0} while tests failed
+    obs = observed("passed", "failed", "failed")
+    r = score(CHECK, obs, exit_code=1, reward_txt=None, reward_json=b'{"reward": 1.0}')
     assert (r.status, r.reward) == ("ok", 0.0)
+    assert r.details["reward_file_above_observed"] is True
+    partial = TerminalCheck(**{**CHECK.__dict__, "partial_credit": True})
+    r = score(partial, obs, exit_code=1, reward_txt=b"1", reward_json=None)
+    assert r.reward == pytest.approx(1 / 3)
+    r = score(
+        CHECK,
+        observed("passed", "passed", "passed"),
+        exit_code=0,
+        reward_txt=b"0.5",
+        reward_json=None,
+    )
+    assert r.reward == 0.5  # the task's own rubric may still lower it
 
 
 @pytest.mark.parametrize(
-    ("report", "gate"),
+    ("raw", "dodge"),
     [
-        (junit(passed=2), "expected 3 tests, the report has 2"),
-        (junit(passed=2, skipped=1), "1 test(s) skipped or xfailed"),
-        (junit(passed=2, xfail=1), "1 test(s) skipped or xfailed"),
-        (junit(), "no tests were collected"),
+        (session("passed", "passed", "passed", fail_canary="passed"), "tampered"),
+        (session("passed", "passed", "passed", pass_canary="failed"), "tampered"),
+        (session("passed", "passed", "passed", end=False), "tampered"),  # exited early
+        (session("passed", "passed", "passed") + line("test", id="x", o="passed"), "tampered"),
+        (session("passed", "passed", "passed", fail_canary="xfailed"), "tampered"),
+        (line("test", nonce="guess", id="x", o="passed") + session("passed"), "tampered"),
+        (b"not json\n" + session("passed", "passed", "passed"), "tampered"),
+        (b"", "no_tests_observed"),
+        (session(), "no_tests"),
+        (session("passed", "passed"), "test_count"),
+    ],
+    ids=[
+        "must-fail-passed",
+        "must-pass-failed",
+        "no-end",
+        "after-end",
+        "xfail-canary",
+        "foreign-line",
+        "garbage",
+        "nothing",
+        "none-collected",
+        "wrong-count",
     ],
 )
-def test_gates_turn_a_forged_pass_into_zero(report: bytes, gate: str) -> None:
-    r = score(CHECK, exit_code=0, reward_txt=b"1", reward_json=None, junit=report)
-    assert (r.status, r.reward, r.details["gate"]) == ("ok", 0.0, gate)
+def test_bent_or_missing_reports_score_zero(raw: bytes, dodge: str) -> None:
+    r = score(CHECK, judge(raw, SECRET), exit_code=0, reward_txt=b"1", reward_json=None)
+    assert (r.status, r.reward, r.details["dodge"]) == ("ok", 0.0, dodge)
 
 
-def test_missing_reward_or_report_is_an_error_not_zero() -> None:
-    r = score(CHECK, exit_code=2, reward_txt=None, reward_json=None, junit=junit(passed=3))
-    assert (r.status, r.reward) == ("error", None)
-    r = score(CHECK, exit_code=0, reward_txt=b"1", reward_json=None, junit=None)
-    assert (r.status, r.reward) == ("error", None)
-    assert "no JUnit report" in r.details["reason"]
+def test_canaries_need_the_secret_tokens() -> None:
+    forged = session("passed", "passed", "passed").replace(
+        SECRET.fail_token.encode(), Secret.new().fail_token.encode()
+    )
+    assert judge(forged, SECRET).tampered == "a canary carried an unknown token"
 
 
-@pytest.mark.parametrize(
-    ("line", "counts"),
-    [
-        ("===== 3 passed in 0.12s =====", (3, 3, 0, 0)),
-        ("=== 2 passed, 1 skipped, 1 xfailed in 1.00s ===", (4, 2, 0, 2)),
-        ("==== 1 failed, 2 passed, 1 error, 3 warnings in 0.5s ====", (4, 2, 1, 0)),
-        ("========== 1 xpassed in 0.01s ==========", (1, 1, 0, 0)),
-    ],
-)
-def test_pytest_summary_counts(line: str, counts: tuple[int, int, int, int]) -> None:
-    c = parse_pytest_summary(f"collected\n{line}\n")
-    assert (c.total, c.passed, c.failed, c.skipped) == counts
-
-
-def test_summary_line_gates_like_a_report() -> None:
-    out = "...\n=== 2 passed, 1 skipped in 0.1s ===\n"
-    r = score(CHECK, exit_code=0, reward_txt=b"1", reward_json=None, junit=None, output=out)
-    assert (r.status, r.reward, r.details["gate"]) == ("ok", 0.0, "1 test(s) skipped or xfailed")
-    assert parse_pytest_summary("no summary here") is None
+def test_two_sessions_pass_only_when_both_do() -> None:
+    raw = session("passed", "passed", "passed", pid=1) + session(
+        "passed", "failed", "passed", pid=2
+    )
+    obs = judge(raw, SECRET)
+    assert (obs.tampered, obs.sessions, obs.total, obs.passed) == (None, 2, 3, 2)
+    assert judge(b"x" * 10, SECRET, truncated=True).tampered
 
 
 def test_exit_code_reward_source() -> None:
@@ -126,8 +173,48 @@ def test_exit_code_reward_source() -> None:
         timeout_s=60,
         reward_source="exit_code",
     )
-    assert score(tb1, exit_code=0, reward_txt=None, reward_json=None, junit=None).reward == 1.0
-    assert score(tb1, exit_code=1, reward_txt=None, reward_json=None, junit=None).reward == 0.0
+    ok = observed("passed")
+    assert score(tb1, ok, exit_code=0, reward_txt=None, reward_json=None).reward == 1.0
+    assert score(tb1, ok, exit_code=1, reward_txt=None, reward_json=None).reward == 0.0
+    bad = observed("failed")
+    assert score(tb1, bad, exit_code=0, reward_txt=None, reward_json=None).reward == 0.0
+
+
+def test_toolchain_scan_finds_venvs_sites_and_path_but_never_the_workdir() -> None:
+    out = "\n".join(
+        [
+            "/opt/verifier-venv/pyvenv.cfg",
+            "/opt/verifier-venv/lib/python3.11/site-packages",
+            "/usr/lib/python3/dist-packages",
+            "/app/.venv/pyvenv.cfg",
+            "/srv/tools/site-packages",
+            "PATH=/opt/verifier-venv/bin:/usr/local/bin:/app/bin:/app:/:.:/home/x/bin",
+            "LD_LIBRARY_PATH=/opt/lib",
+        ]
+    )
+    tc = parse_scan(out, "/app")
+    assert tc.protected == (
+        "/app/.venv",
+        "/home/x/bin",
+        "/opt/lib",
+        "/opt/verifier-venv",
+        "/opt/verifier-venv/bin",
+        "/opt/verifier-venv/lib/python3.11/site-packages",
+        "/srv/tools/site-packages",
+        "/usr/lib/python3/dist-packages",
+        "/usr/local/bin",
+    )
+    assert "/srv/tools/site-packages" in tc.site_dirs
+    assert is_protected("/opt/verifier-venv/bin/python3", tc.protected)
+    assert not is_protected("/app/bin/run", tc.protected)
+
+
+def test_huge_or_deep_end_states_are_not_replayed() -> None:
+    many = [FsChange(f"/app/f{i}", "added") for i in range(MAX_CHANGED_ENTRIES + 1)]
+    assert "changed entries" in (plan_changes(many).too_big or "")
+    deep = [FsChange("/app/" + "d/" * 2000 + "f", "added")]
+    assert "longer than" in (plan_changes(deep).too_big or "")
+    assert plan_changes(many[:10]).too_big is None
 
 
 @pytest.mark.parametrize(
@@ -175,66 +262,6 @@ def test_plan_reduces_diff_to_leaves_and_flags_tampering() -> None:
     assert plan_changes([FsChange("/usr/sbin/docker-init", "added")]).tampered == ()
 
 
-def test_shadowing_modules_in_the_workdir_are_named() -> None:
-    changes = [
-        FsChange("/app", "modified"),
-        FsChange("/app/pytest.py", "added"),
-        FsChange("/app/json.py", "added"),
-        FsChange("/app/_pytest", "added"),
-        FsChange("/app/_pytest/__init__.py", "added"),
-        FsChange("/app/site", "added"),
-        FsChange("/app/site/index.html", "added"),
-        FsChange("/app/solution.py", "added"),
-        FsChange("/app/sub", "added"),
-        FsChange("/app/sub/json.py", "added"),
-        FsChange("/app/notes.txt", "added"),
-    ]
-    plan = plan_changes(changes, "/app")
-    assert plan.shadowing == ("/app/_pytest", "/app/json.py", "/app/pytest.py")
-    assert plan_changes(changes).shadowing == ()
-
-
-@pytest.mark.parametrize(
-    "planted",
-    [
-        "/app/pprint.pyc",
-        "/app/json.cpython-311-x86_64-linux-gnu.so",
-        "/app/zz-1.0.dist-info",
-        "/app/zz.egg-info",
-    ],
-)
-def test_compiled_modules_and_plugin_metadata_are_hijacks(planted: str) -> None:
-    # Regression: a sourceless pprint.pyc and an entry-point plugin's dist-info scored 1.0.
-    plan = plan_changes([FsChange("/app", "modified"), FsChange(planted, "added")], "/app")
-    assert plan.shadowing == (planted,)
-
-
-def test_ordinary_outputs_are_not_hijacks() -> None:
-    changes = [
-        FsChange("/app", "modified"),
-        FsChange("/app/report.pyc.txt", "added"),
-        FsChange("/app/solution.pyc", "added"),
-        FsChange("/app/data.so.1", "added"),
-    ]
-    assert plan_changes(changes, "/app").shadowing == ()
-
-
-def test_new_user_trial_findings_in_the_plan() -> None:
-    # attrs' module in the workdir hijacks pytest 7.2; pytest's hidden root config is read;
-    # a .pth file in the workdir does nothing (only site directories process them).
-    plan = plan_changes(
-        [
-            FsChange("/app/attr.py", "added"),
-            FsChange("/app/notes.pth", "added"),
-            FsChange("/.pytest.ini", "added"),
-        ],
-        "/app",
-    )
-    assert plan.shadowing == ("/app/attr.py",)
-    assert plan.tampered == ("/.pytest.ini",)
-    assert is_protected("/.pytest.ini")
-
-
 def test_type_changes_are_removed_before_the_copy() -> None:
     plan = plan_changes(
         [
@@ -243,7 +270,6 @@ def test_type_changes_are_removed_before_the_copy() -> None:
             FsChange("/etc/was-file/inside", "added"),
             FsChange("/etc/was-dir", "modified", replaced=True),
         ],
-        "/app",
     )
     assert plan.delete == ("/etc/was-dir", "/etc/was-file")
     assert plan.copy == ("/etc/was-dir", "/etc/was-file/inside")
