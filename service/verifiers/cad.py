@@ -98,6 +98,7 @@ from service.tasks.models import Task
 from service.verifiers import geometry
 from service.verifiers.base import VerifierResult
 from service.verifiers.bounded import BoundExceeded, WorkerUnavailable, run_bounded
+from service.verifiers.readback import engine_reads_container
 from service.verifiers.registry import EndState, register
 
 NAME = "cad"
@@ -364,6 +365,11 @@ def read_output_file(
         except NotFound:
             where = f" (link to {current})" if current != path else ""
             return OutputRead(data=None, problem=f"no file at {path}{where}")
+        except CrucibleError as e:
+            if not engine_reads_container(runtime, container_id):
+                raise
+            why = f"{path} cannot be read: {e.detail[:200]}"
+            return OutputRead(data=None, problem=why, dodge="unreadable_path")
         data = _read_capped(chunks, max_bytes + (64 << 10))
         if data is None:
             return OutputRead(

@@ -99,6 +99,7 @@ from service.verifiers.normalize import (
     percent_points,
     to_scale,
 )
+from service.verifiers.readback import engine_reads_container
 from service.verifiers.registry import EndState, register
 
 NAME = "document"
@@ -576,7 +577,8 @@ def read_file(
 ) -> tuple[bytes | None, str, str | None]:
     """``(bytes, "", None)`` of a regular file read engine-side, or ``(None, why not, dodge)``
     where ``dodge`` names the cause when the path holds something other than a missing file
-    (a directory, a link, a FIFO or another special file, a file over the cap).
+    (a directory, a link, a FIFO or another special file, a file over the cap, a path the
+    engine cannot resolve while it reads the container: ``readback``).
 
     Raises ``CrucibleError`` for runtime failures other than a missing path.
     """
@@ -584,6 +586,10 @@ def read_file(
         stream = runtime.get_archive(container_id, path)
     except NotFound:
         return None, f"{path} does not exist", None
+    except CrucibleError as e:
+        if not engine_reads_container(runtime, container_id):
+            raise
+        return None, f"{path} cannot be read: {e.detail[:200]}", "unreadable_path"
     buf = bytearray()
     limit = MAX_ANSWER_BYTES + (64 << 10)  # the tar header and padding on top of the file
     too_large = f"{path} is larger than {MAX_ANSWER_BYTES} bytes"

@@ -332,10 +332,17 @@ class FakeRuntime:
     def exec(self, container_id: str, request: ExecRequest) -> None:
         raise AssertionError("the document verifier must never exec")
 
+    def stat_path(self, container_id: str, path: str) -> object:
+        if self.engine_down:
+            raise SandboxError("engine is down")
+        return object()
+
     def get_archive(self, container_id: str, path: str) -> Iterator[bytes]:
         if self.engine_down:
             raise SandboxError("engine is down")
         self.read_from.append(container_id)
+        if self.files.get(path) == "refused":
+            raise SandboxError("evalSymlinksInScope: too many links")
         if path not in self.files:
             raise NotFound(f"no such file {path}")
         content = self.files[path]
@@ -387,6 +394,7 @@ def test_verify_reads_the_answer_from_the_frozen_episode_container(tmp_path: Pat
         ({"/app/answer.json": None}, "/app/answer.json is not a regular file"),
         ({"/app/answer.json": b"x" * (MAX_ANSWER_BYTES + 10)}, "/app/answer.json is larger"),
         ({"/app/answer.json": b"{not json"}, "answer.json is not valid JSON"),
+        ({"/app/answer.json": "refused"}, "/app/answer.json cannot be read"),
     ],
 )
 def test_agent_outcomes_score_zero_not_error(

@@ -91,7 +91,7 @@ def test_oracle_scores_one_and_noop_zero(stack: Stack, task: str) -> None:
     assert (rec["reward"], verifier["status"]) == (1.0, "ok"), verifier
     assert {k: rec["reward_components"][k] for k in cad.WEIGHTS} == dict.fromkeys(cad.WEIGHTS, 1.0)
     assert verifier["details"]["passed"] is True
-    assert set(verifier["details"]["measures"]["silhouette_iou"]) == {"top", "front", "right"}
+    assert "private" not in verifier["details"] and "measures" not in verifier["details"]
     # Budget: the oracle plus verification stay well under 10 s on an idle machine; allow
     # for a loaded CI box.
     assert oracle_s + rec["timing"]["verify_ms"] / 1e3 < 30, (oracle_s, rec["timing"])
@@ -136,27 +136,28 @@ def test_a_symlinked_output_is_followed_engine_side(stack: Stack) -> None:
     assert (rec["reward"], rec["verifier"]["status"]) == (1.0, "ok"), rec["verifier"]
 
 
-def test_near_misses_earn_partial_credit(stack: Stack) -> None:
+def test_near_misses_earn_partial_credit_missing_features_none(stack: Stack) -> None:
     plate = reference("plate-four-holes")
     no_holes = trimesh.creation.box(bounds=[[0, 0, 0], [80, 50, 6]])
-    shifted = plate.copy().apply_translation([1.0, 0.0, 0.0])
+    shifted = plate.copy().apply_translation([0.3, 0.0, 0.0])
     metres = plate.copy().apply_scale(0.001)
     rewards = {}
-    for name, mesh in {"no holes": no_holes, "shifted 1 mm": shifted, "metres": metres}.items():
+    for name, mesh in {"no holes": no_holes, "shifted": shifted, "metres": metres}.items():
         ep = start(stack, "plate-four-holes")
         upload(stack, ep, "/app/out/plate.stl", mesh.export(file_type="stl"))
         rec = verify(stack, ep)
         assert rec["verifier"]["status"] == "ok", rec["verifier"]
         rewards[name] = rec["reward"]
         comps = rec["reward_components"]
-        if name == "no holes":  # the holes' walls were 3 mm from any surface of this part
-            assert comps["bbox"] == 1.0 and comps["surface"] == 0.0 and comps["silhouette"] < 1
-        if name == "shifted 1 mm":
-            assert comps["bbox"] == 0.0 and comps["chamfer"] == 1.0 and comps["volume"] == 1.0
-        if name == "metres":  # right shape, wrong unit: only the normalized Chamfer holds
-            assert comps["chamfer"] == 1.0 and comps["iou"] == 0.0 and comps["volume"] == 0.0
-    assert all(0.0 < r < 0.95 for r in rewards.values()), rewards
-    assert rewards["metres"] < rewards["shifted 1 mm"] < rewards["no holes"], rewards
+        if name == "no holes":  # the bounding box is right, the topology is not
+            assert comps == {"gate": 1.0, "topology": 0.0}
+            assert rec["verifier"]["details"]["gate"].startswith("topology")
+        if name == "shifted":
+            assert comps["chamfer"] == 1.0 and comps["volume"] == 1.0 and 0 < comps["bbox"] < 1
+        if name == "metres":  # right shape, wrong unit: the volume gate
+            assert comps == {"gate": 1.0, "topology": 1.0, "volume_gate": 0.0}
+    assert rewards["no holes"] == rewards["metres"] == 0.0, rewards
+    assert 0.0 < rewards["shifted"] < 0.95, rewards
 
 
 def test_an_obj_left_y_up_loses_credit(stack: Stack) -> None:

@@ -140,9 +140,60 @@ def test_partial_answer_scores_the_fraction_right(stack: Stack) -> None:
     }
     write_answer(stack, ep, json.dumps(answer).encode())
     rec = verify(stack, ep)
-    assert (rec["reward"], rec["verifier"]["status"]) == (0.8, "ok"), rec["verifier"]
+    # 2 of the 3 fields that are not guessable right; the 2 guessable ones count in proportion
+    assert (rec["reward"], rec["verifier"]["status"]) == (pytest.approx(2 / 3), "ok")
     assert rec["reward_components"]["field.income_tax_expense_2023"] == 0.0
     assert rec["verifier"]["details"]["unknown_keys"] == ["extra"]
+    assert rec["verifier"]["details"]["fields"]["income_tax_expense_2023"] == {
+        "score": 0.0,
+        "reason": "mismatch",
+    }
+
+
+def _values(fields: dict[str, Any]) -> list[str]:
+    """The expected values of a ground truth, as they would appear in JSON."""
+    return [json.dumps(f["value"]) for f in fields.values()]
+
+
+def test_tenants_never_see_expected_values_admins_do(stack: Stack) -> None:
+    task = "fund-factsheet"
+    ep = start(stack, task)
+    write_answer(stack, ep, b'{"fund_name": "Wrong Fund", "one_year_return": "1%"}')
+    rec = verify(stack, ep)
+    assert rec["reward"] == 0.0 and "private" not in rec["verifier"]["details"]
+    exports = {
+        "verify": json.dumps(rec),
+        "list": stack.alice.get("/v1/rewards", params={"task_id": task}).text,
+        "jsonl": stack.alice.get("/v1/rewards/export", params={"task_id": task}).text,
+        "parquet": stack.alice.get(
+            "/v1/rewards/export", params={"task_id": task, "format": "parquet"}
+        ).content.decode("latin-1"),
+    }
+    for where, text in exports.items():
+        for value in _values(expected(task)):
+            assert value not in text, (where, value)
+    for route in ("/v1/rewards", "/v1/rewards/export"):
+        r = stack.alice.get(route, params={"private": "true"})
+        assert r.status_code == 403 and r.headers["content-type"] == "application/problem+json"
+    # an admin's own episode: the admin view carries the truth; the stored row keeps it
+    r = stack.admin.post("/v1/episodes", json={"task_id": task, "suite": "document"})
+    admin_ep = r.json()["episodes"][0]
+    r = stack.admin.put(
+        f"/v1/sandboxes/{admin_ep['sandbox_id']}/files",
+        params={"path": "/app/answer.json"},
+        content=b'{"fund_name": "Wrong Fund"}',
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert r.status_code == 200, r.text
+    r = stack.admin.post(f"/v1/episodes/{admin_ep['id']}/verify", json=TRAJ)
+    assert "private" not in r.json()["verifier"]["details"]
+    page = stack.admin.get("/v1/rewards", params={"task_id": task, "private": "true"}).json()
+    private = page["records"][0]["verifier"]["details"]["private"]["fields"]
+    assert private["fund_name"]["expected"] == expected(task)["fund_name"]["value"]
+    jsonl = stack.admin.get("/v1/rewards/export", params={"task_id": task, "private": "true"})
+    assert json.dumps(expected(task)["fund_name"]["value"]) in jsonl.text
+    plain = stack.admin.get("/v1/rewards", params={"task_id": task}).json()
+    assert "private" not in plain["records"][0]["verifier"]["details"]
 
 
 @pytest.mark.parametrize(
@@ -152,6 +203,7 @@ def test_partial_answer_scores_the_fraction_right(stack: Stack) -> None:
         ("printf '{oops' > /app/answer.json", "answer.json is not valid JSON"),
         ("ln -s /etc/hostname /app/answer.json", "/app/answer.json is not a regular file"),
         ("mkdir /app/answer.json", "/app/answer.json is not a regular file"),
+        ("mkfifo /app/answer.json", "/app/answer.json is not a regular file"),
     ],
 )
 def test_malformed_answers_score_zero_with_reason(stack: Stack, setup: str, reason: str) -> None:

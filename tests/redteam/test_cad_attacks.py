@@ -1,0 +1,200 @@
+"""Red team, CAD domain: unsolved parts that try to be paid anyway, through the public API
+on bundled tasks. Each scores at most 0.05 (in practice exactly 0) with ``status=ok``:
+
+- shapes that only match what the instruction states (a box filling the bounding box, a
+  random solid in it), and the part without a feature the reference has;
+- end states that make reading or measuring fail: a FIFO, a directory, a symlink loop or
+  one to a device, non-manifold junk, NaN coordinates, too many triangles or shells;
+- a pathological mesh within the caps is cut off at the task's measuring limit while
+  ``/healthz`` keeps answering fast (measuring runs in a bounded worker process, not in
+  the control plane).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trimesh
+
+from tests.integration.api.conftest import Stack, start_stack
+from tests.integration.api.test_sandboxes_api import run
+
+pytestmark = [pytest.mark.docker, pytest.mark.redteam]
+
+TASKS = Path(__file__).resolve().parents[2] / "tasks" / "cad"
+TRAJ = {"policy": {"name": "redteam", "version": "1"}}
+PLATE, OUT = "plate-four-holes", "/app/out/plate.stl"
+SLOW = "plate-slow-measure"  # the plate with a 1 s measuring limit and no render check
+CAP = 0.05
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tasks = tmp_path_factory.mktemp("redteam-cad-tasks")
+    shutil.copytree(TASKS, tasks / "cad")
+    slow = tasks / "cad" / SLOW
+    shutil.copytree(TASKS / PLATE, slow)
+    toml = (slow / "task.toml").read_text()
+    (slow / "task.toml").write_text(toml + "render = false\nmeasure_timeout_s = 1.0\n")
+    yield from start_stack(tmp_path_factory.mktemp("redteam-cad"), pool_targets={}, tasks_dir=tasks)
+
+
+def start(stack: Stack, task: str = PLATE) -> dict[str, Any]:
+    r = stack.alice.post("/v1/episodes", json={"task_id": task, "suite": "cad"})
+    assert r.status_code == 201, r.text
+    return r.json()["episodes"][0]
+
+
+def upload(stack: Stack, ep: dict[str, Any], data: bytes, path: str = OUT) -> None:
+    r = stack.alice.put(
+        f"/v1/sandboxes/{ep['sandbox_id']}/files", params={"path": path}, content=data
+    )
+    assert r.status_code == 200, r.text
+
+
+def verify(stack: Stack, ep: dict[str, Any]) -> dict[str, Any]:
+    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def reference(task: str = PLATE) -> trimesh.Trimesh:
+    return trimesh.load(TASKS / task / "tests" / "reference.stl", force="mesh")
+
+
+def assert_unpaid(rec: dict[str, Any]) -> None:
+    assert rec["verifier"]["status"] == "ok" and not rec["exclude_from_loss"], rec["verifier"]
+    assert rec["reward"] <= CAP, rec["verifier"]
+    assert "private" not in rec["verifier"]["details"]
+
+
+def test_shapes_that_only_fill_the_bounding_box_earn_nothing(stack: Stack) -> None:
+    rng = np.random.default_rng(9)
+    lo, hi = reference().bounds
+    hull = trimesh.convex.convex_hull(np.vstack([lo + rng.random((60, 3)) * (hi - lo), lo, hi]))
+    for mesh in (trimesh.creation.box(bounds=[lo, hi]), hull):
+        ep = start(stack)
+        upload(stack, ep, mesh.export(file_type="stl"))
+        rec = verify(stack, ep)
+        assert_unpaid(rec)
+        assert rec["verifier"]["details"]["gate"].startswith(("topology", "volume"))
+
+
+def test_the_part_without_a_feature_earns_nothing(stack: Stack) -> None:
+    # the plate with one hole filled: a cylinder unioned back into it (genus 3, not 4)
+    plate = reference()
+    plug = trimesh.creation.cylinder(radius=3.2, height=6.0, sections=64)
+    plug.apply_translation([70, 40, 3])
+    filled = trimesh.boolean.union([plate, plug], engine="manifold")
+    ep = start(stack)
+    upload(stack, ep, filled.export(file_type="stl"))
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward_components"] == {"gate": 1.0, "topology": 0.0}
+    assert "genus 3" in rec["verifier"]["details"]["gate"]
+
+
+def binary_stl(triangles: np.ndarray, *, declared: int | None = None) -> bytes:
+    n = len(triangles) if declared is None else declared
+    rows = np.zeros(len(triangles), dtype=[("n", "<f4", 3), ("v", "<f4", (3, 3)), ("a", "<u2")])
+    rows["v"] = triangles
+    return b"\0" * 80 + struct.pack("<I", n) + rows.tobytes()
+
+
+def cubes(count: int) -> bytes:
+    box = trimesh.creation.box(extents=(1, 1, 1))
+    tris = box.triangles
+    offsets = np.stack([np.arange(count) * 2.0, np.zeros(count), np.zeros(count)], axis=1)
+    return binary_stl((tris[None] + offsets[:, None, None, :]).reshape(-1, 3, 3))
+
+
+@pytest.mark.parametrize(
+    ("name", "setup", "dodge"),
+    [
+        ("FIFO", f"mkdir -p /app/out && mkfifo {OUT}", "not_a_file"),
+        ("directory", f"mkdir -p {OUT}", "not_a_file"),
+        ("symlink loop", f"mkdir -p /app/out && ln -s plate.stl {OUT}", "unreadable_path"),
+        (
+            "symlink chain",
+            f"mkdir -p /app/out && for i in $(seq 1 12); do ln -s l$i /app/out/l$((i-1)); "
+            f"done && ln -s l0 {OUT}",
+            "link_loop",
+        ),  # fmt: skip
+        ("device", f"mkdir -p /app/out && ln -s /dev/zero {OUT}", "not_a_file"),
+        (
+            "huge tree",
+            f"mkdir -p {OUT} && head -c 40000000 /dev/urandom > {OUT}/x",
+            "file_too_large",
+        ),  # fmt: skip
+    ],
+)
+def test_unreadable_outputs_score_zero(stack: Stack, name: str, setup: str, dodge: str) -> None:
+    ep = start(stack)
+    out = run(stack.alice, ep["sandbox_id"], setup)
+    assert out["exit_code"] == 0, out["stderr"]
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward"] == 0.0 and rec["verifier"]["details"]["dodge"] == dodge, name
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "dodge"),
+    [
+        ("41,000 cubes", lambda: cubes(41_000), "too_many_triangles"),
+        ("100 cubes", lambda: cubes(100), "too_many_shells"),
+        ("NaN corners", lambda: binary_stl(np.full((12, 3, 3), np.nan, dtype=np.float32)), None),
+        ("lying header", lambda: binary_stl(np.zeros((2, 3, 3)), declared=1 << 31), None),
+        (
+            "non-manifold junk",
+            lambda: binary_stl(np.random.default_rng(1).random((500, 3, 3))),
+            None,
+        ),  # fmt: skip
+    ],
+)
+def test_meshes_that_break_measuring_score_zero(
+    stack: Stack, name: str, data: Any, dodge: str | None
+) -> None:
+    ep = start(stack)
+    upload(stack, ep, data())
+    t0 = time.monotonic()
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward"] == 0.0 and rec["verifier"]["details"].get("dodge") == dodge, name
+    assert time.monotonic() - t0 < 30, name
+
+
+def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -> None:
+    mesh = reference()
+    while len(mesh.faces) < 60_000:  # right topology and volume, slow to measure (~3 s)
+        mesh = mesh.subdivide()
+    ep = start(stack, SLOW)
+    upload(stack, ep, mesh.export(file_type="stl"))
+    worst, done = [0.0], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            t0 = time.monotonic()
+            assert stack.alice.get("/healthz").status_code == 200
+            worst[0] = max(worst[0], time.monotonic() - t0)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        rec = verify(stack, ep)
+    finally:
+        done.set()
+        poller.join()
+    assert_unpaid(rec)
+    details = rec["verifier"]["details"]
+    assert (rec["reward"], details["dodge"]) == (0.0, "measure_timeout"), details
+    assert details["timing_ms"]["measure"] < 3000, details["timing_ms"]
+    assert worst[0] < 0.5, worst
