@@ -82,14 +82,15 @@ def parse_reward(
                 raise ValueError(f"an object of 1 to {MAX_COMPONENTS} numbers")
             comps = {}
             for k, v in data.items():
-                if not (isinstance(k, str) and 0 < len(k) <= 64):
-                    raise ValueError("names of 1 to 64 characters")
+                if not (isinstance(k, str) and 0 < len(k) <= 64 and k.isprintable()):
+                    raise ValueError("names of 1 to 64 printable characters")
+                k.encode("utf-8")  # a lone surrogate would make the record unstorable
                 if isinstance(v, bool) or not isinstance(v, int | float):
                     raise ValueError(f"{k!r} is not a number")
                 comps[k] = float(v)
                 if not math.isfinite(comps[k]):
                     raise ValueError(f"{k!r} is not finite")
-        except (ValueError, TypeError, RecursionError) as e:
+        except (ValueError, TypeError, RecursionError, UnicodeError) as e:
             return None, {}, f"reward.json is not a flat object of finite numbers ({e})"
         value = comps.get("reward", sum(comps.values()) / len(comps))
     elif txt is not None:

@@ -124,6 +124,8 @@ def test_code_the_tests_import_cannot_forge(stack: Stack, attack: str) -> None:
     assert (rec["reward"], v["status"]) == (0.0, "ok"), v
     if dodge:
         assert v["details"]["dodge"] == dodge, v["details"]
+    # no answers in records: the tenant sees counts, never test names or output (issue 9)
+    assert "private" not in v["details"] and "test_parse" not in str(rec), v["details"]
 
 
 # Generic primitives, applied together to every bundled terminal task: where agent code

@@ -79,6 +79,10 @@ def test_parse_reward(txt: bytes | None, js: bytes | None, expected: tuple) -> N
         (None, b"[" * 100_000 + b"]" * 100_000),
         (None, json.dumps({f"k{i}": 1 for i in range(40)}).encode()),
         (None, json.dumps({"x" * 65: 1}).encode()),
+        # a component name that would make the record unstorable (verify answered 400 on
+        # every retry, blaming the worker's trajectory: issue 9)
+        (None, b'{"reward": 1, "\\ud800": 1}'),
+        (None, b'{"reward": 1, "a\\nb": 1}'),
     ],
 )
 def test_unusable_reward_files_are_problems(txt: bytes | None, js: bytes | None) -> None:

@@ -124,7 +124,7 @@ def test_reward_hacks_score_zero(stack: Stack, hack: str) -> None:
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
     details = rec["verifier"]["details"]
-    if hack in ("conftest", "toolchain", "planted", "profile", "pyc", "plugin", "dot-pytest-ini"):
+    if hack in ("conftest", "toolchain", "planted", "profile", "dot-pytest-ini"):
         assert details["tampered"], details
     if hack in DODGES:
         assert details["dodge"] == DODGES[hack], details
