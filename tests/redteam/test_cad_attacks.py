@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import manifold3d
 import numpy as np
 import pytest
 import trimesh
@@ -89,13 +90,13 @@ def test_shapes_that_only_fill_the_bounding_box_earn_nothing(stack: Stack) -> No
 
 
 def test_the_part_without_a_feature_earns_nothing(stack: Stack) -> None:
-    # the plate with one hole filled: a cylinder unioned back into it (genus 3, not 4)
-    plate = reference()
-    plug = trimesh.creation.cylinder(radius=3.2, height=6.0, sections=64)
-    plug.apply_translation([70, 40, 3])
-    filled = trimesh.boolean.union([plate, plug], engine="manifold")
+    plate = manifold3d.Manifold.cube([80, 50, 6])
+    for x, y in ((10, 10), (70, 10), (10, 40)):  # three of the four holes
+        plate -= manifold3d.Manifold.cylinder(20, 3, 3, 64).translate([x, y, -5])
+    m = plate.to_mesh()
+    three = trimesh.Trimesh(vertices=m.vert_properties[:, :3], faces=m.tri_verts)
     ep = start(stack)
-    upload(stack, ep, filled.export(file_type="stl"))
+    upload(stack, ep, three.export(file_type="stl"))
     rec = verify(stack, ep)
     assert_unpaid(rec)
     assert rec["reward_components"] == {"gate": 1.0, "topology": 0.0}
@@ -114,6 +115,44 @@ def cubes(count: int) -> bytes:
     tris = box.triangles
     offsets = np.stack([np.arange(count) * 2.0, np.zeros(count), np.zeros(count)], axis=1)
     return binary_stl((tris[None] + offsets[:, None, None, :]).reshape(-1, 3, 3))
+
+
+#: Run in the sandbox (python3 + numpy): ``argv[1]`` (a binary STL) is written to
+#: ``argv[2]`` with every triangle split in 4, ``argv[3]`` times (the shape is unchanged;
+#: shared edges split at identical midpoints, so it stays watertight), or, with ``argv[1]``
+#: ``cubes:N``, N disjoint unit cubes. Uploads of the test stack are capped at 1 MiB.
+GROW = r"""
+import sys, numpy as np
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = [("n", "<f4", 3), ("v", "<f4", (3, 3)), ("a", "<u2")]
+if src.startswith("cubes:"):
+    c = np.array([[0,0,0],[1,0,0],[1,1,0],[0,1,0],[0,0,1],[1,0,1],[1,1,1],[0,1,1]], "f4")
+    f = [[0,2,1],[0,3,2],[4,5,6],[4,6,7],[0,1,5],[0,5,4],[1,2,6],[1,6,5],[2,3,7],[2,7,6],
+         [3,0,4],[3,4,7]]
+    k = int(src[6:])
+    t = (c[f][None] + (np.arange(k, dtype="f4")[:, None, None, None] * [2, 0, 0])).reshape(-1, 3, 3)
+else:
+    t = np.fromfile(src, dtype=rows, offset=84)["v"].astype("f8")
+    for _ in range(n):
+        a, b, c = t[:, 0], t[:, 1], t[:, 2]
+        ab, bc, ca = (a + b) / 2, (b + c) / 2, (c + a) / 2
+        t = np.concatenate([np.stack(x, 1) for x in ((a, ab, ca), (ab, b, bc), (ca, bc, c),
+                                                     (ab, bc, ca))])
+out = np.zeros(len(t), dtype=rows)
+out["v"] = t
+with open(dst, "wb") as fh:
+    fh.write(b"\0" * 80 + np.uint32(len(t)).tobytes() + out.tobytes())
+"""
+
+
+def grow_in_sandbox(stack: Stack, ep: dict[str, Any], src: str, times: int = 0) -> None:
+    upload(stack, ep, GROW.encode(), "/tmp/grow.py")
+    out = run(
+        stack.alice,
+        ep["sandbox_id"],
+        f"mkdir -p /app/out && python3 /tmp/grow.py {src} {OUT} {times}",
+    )
+    assert out["exit_code"] == 0, out["stderr"]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +187,6 @@ def test_unreadable_outputs_score_zero(stack: Stack, name: str, setup: str, dodg
 @pytest.mark.parametrize(
     ("name", "data", "dodge"),
     [
-        ("41,000 cubes", lambda: cubes(41_000), "too_many_triangles"),
         ("100 cubes", lambda: cubes(100), "too_many_shells"),
         ("NaN corners", lambda: binary_stl(np.full((12, 3, 3), np.nan, dtype=np.float32)), None),
         ("lying header", lambda: binary_stl(np.zeros((2, 3, 3)), declared=1 << 31), None),
@@ -171,12 +209,21 @@ def test_meshes_that_break_measuring_score_zero(
     assert time.monotonic() - t0 < 30, name
 
 
+def test_41000_cubes_are_refused_by_the_caps_fast(stack: Stack) -> None:
+    ep = start(stack)
+    grow_in_sandbox(stack, ep, "cubes:41000")  # 492,000 triangles; took 222 s in-process
+    t0 = time.monotonic()
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward"] == 0.0 and rec["verifier"]["details"]["dodge"] == "too_many_triangles"
+    assert time.monotonic() - t0 < 30
+
+
 def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -> None:
-    mesh = reference()
-    while len(mesh.faces) < 60_000:  # right topology and volume, slow to measure (~3 s)
-        mesh = mesh.subdivide()
     ep = start(stack, SLOW)
-    upload(stack, ep, mesh.export(file_type="stl"))
+    # the reference split to 67,584 triangles: right topology and volume, ~3 s to measure
+    upload(stack, ep, (TASKS / PLATE / "tests" / "reference.stl").read_bytes(), "/tmp/ref.stl")
+    grow_in_sandbox(stack, ep, "/tmp/ref.stl", 3)
     worst, done = [0.0], threading.Event()
 
     def poll() -> None:
