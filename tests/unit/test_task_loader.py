@@ -532,8 +532,8 @@ def test_collect_errors_keeps_going(tmp_path: Path) -> None:
 
 def test_discover_suites() -> None:
     suites = discover_suites(FIXTURES / "tasks", collect_errors=True)
-    assert [s.name for s in suites] == ["broken", "good"]
-    assert len(suites[0].errors) == 10 and len(suites[1]) == 3
+    assert [s.name for s in suites] == ["broken", "foreign", "good"]
+    assert len(suites[0].errors) == 10 and len(suites[1]) == 1 and len(suites[2]) == 3
     with pytest.raises(TaskFormatError, match="suite 'broken'"):
         discover_suites(FIXTURES / "tasks")
     with pytest.raises(TaskFormatError, match="not a tasks folder"):
