@@ -175,10 +175,12 @@ def add_tests(
     tests_dir: Path | None,
     extra_files: Iterable[Path] = (),
     site_dirs: Iterable[str] = (),
+    private_files: Iterable[tuple[str, bytes]] = (),
 ) -> None:
     """Add to ``t`` (extracted at ``/``): ``tests/`` (the task's tests plus ``extra_files``),
-    an empty ``logs/verifier/`` and Crucible's ``.pth`` in each of ``site_dirs``, all
-    root-owned. Extracting them is the whole test set-up."""
+    an empty ``logs/verifier/``, Crucible's ``.pth`` in each of ``site_dirs`` and
+    ``private_files`` (absolute path, bytes; mode 0400), all root-owned. Extracting them is
+    the whole test set-up."""
 
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -199,3 +201,7 @@ def add_tests(
         info = tarfile.TarInfo(f"{site.strip('/')}/{PTH_NAME}")
         info.size, info.mode = len(pth), 0o644
         t.addfile(info, io.BytesIO(pth))
+    for path, data in private_files:
+        info = tarfile.TarInfo(path.strip("/"))
+        info.size, info.mode = len(data), 0o400
+        t.addfile(info, io.BytesIO(data))

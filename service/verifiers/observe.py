@@ -2,18 +2,22 @@
 
 The plugin (``service/runtime/supervisor/py/crucible_observer.py``, on the read-only
 supervisor mount) writes one JSON line per event to the test command's observation pipe
-(fd 3, see ``ExecRequest.observe_bytes``). Every line carries the run's ``nonce``; each
-pytest session reports ``start``, one ``test`` per test (``o``: passed, failed, error,
-skipped, xfailed) and ``end``. Two canaries per session, a must-pass and a must-fail named
-like the task's tests and placed at random among them, carry secret tokens (``c``).
+(fd 3, see ``ExecRequest.observe_bytes``). Each pytest session takes one key from the
+one-use key file (``Secret.file_bytes``, placed by the replay) and signs every line with it
+(HMAC-SHA256, RFC 2104); each session reports ``start``, one ``test`` per test (``o``:
+passed, failed, error, skipped, xfailed) and ``end``. Two canaries per session, a must-pass
+and a must-fail named like the task's tests and placed at random among them, carry ``c``.
 
-The verdict (``judge``) trusts nothing the tests' code could have bent without showing it on
-a canary: a line without the nonce, a session without its end, a canary missing, repeated,
-or with the wrong outcome make the run ``tampered``; no session at all means no test ran.
+The verdict (``judge``) trusts nothing the tests' code could have bent without showing it:
+a line not signed with an unused session key, a session started twice or without its end,
+a canary missing, repeated or with the wrong outcome make the run ``tampered``; no session
+at all means no test ran.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets
 from dataclasses import dataclass, field
@@ -23,30 +27,54 @@ OBSERVE_BYTES = 4 << 20  # what the pipe may carry: ~50k tests
 MAX_TESTS = 20_000  # real tests per verification; above it the run is not judged
 
 
+SESSIONS = 4  # pytest sessions one test command may run (one key each)
+SECRET_PATH = "/logs/.crucible-observe.json"
+
+
 @dataclass(frozen=True)
 class Secret:
-    """One verification's secret: delivered to the plugin in ``CRUCIBLE_OBSERVE``, never
-    recorded (tenants and admins see only whether it held)."""
+    """One verification's secret: the nonce, one key per pytest session and the canaries'
+    seed, delivered to the plugin in a root-only file the plugin consumes; never recorded."""
 
     nonce: str
-    pass_token: str
-    fail_token: str
+    keys: tuple[str, ...]
     seed: str
 
     @classmethod
-    def new(cls) -> Secret:
+    def new(cls, sessions: int = SESSIONS) -> Secret:
         """Fresh random values (``secrets``: 128 bits each)."""
-        return cls(*(secrets.token_hex(16) for _ in range(4)))
-
-    def env_value(self) -> str:
-        """The JSON the plugin reads from ``CRUCIBLE_OBSERVE``."""
-        return json.dumps(
-            {
-                "nonce": self.nonce,
-                "tokens": {"pass": self.pass_token, "fail": self.fail_token},
-                "seed": self.seed,
-            }
+        return cls(
+            secrets.token_hex(16),
+            tuple(secrets.token_hex(16) for _ in range(sessions)),
+            secrets.token_hex(16),
         )
+
+    def file_bytes(self) -> bytes:
+        """The key file's content (``SECRET_PATH`` in the verifier's sandbox)."""
+        return json.dumps(
+            {"nonce": self.nonce, "keys": list(self.keys), "used": 0, "seed": self.seed}
+        ).encode()
+
+    def sign(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` with its ``m`` (what the plugin writes; for tests)."""
+        body = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
+        key = self.keys[int(record["s"])].encode()
+        return {**record, "m": hmac.new(key, body, hashlib.sha256).hexdigest()}
+
+    def verified(self, line: bytes) -> dict[str, Any] | None:
+        """The record of a line signed with one of the session keys, else None."""
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or rec.get("k") != self.nonce:
+                return None
+            mac, index = str(rec.pop("m")), rec["s"]
+            if not (isinstance(index, int) and 0 <= index < len(self.keys)):
+                return None
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return None
+        body = json.dumps(rec, separators=(",", ":"), sort_keys=True).encode()
+        good = hmac.new(self.keys[index].encode(), body, hashlib.sha256).hexdigest()
+        return rec if hmac.compare_digest(mac, good) else None
 
 
 @dataclass
@@ -101,37 +129,32 @@ def judge(raw: bytes, secret: Secret, *, truncated: bool = False) -> Observation
         obs.tampered = f"the observation exceeded {OBSERVE_BYTES} bytes"
         return obs
     sessions: dict[int, _Session] = {}
-    tokens = {secret.pass_token: "pass", secret.fail_token: "fail"}
     for n, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict) or rec.get("k") != secret.nonce:
-                raise ValueError("no nonce")
-            pid, event = int(rec["p"]), rec["e"]
-        except (ValueError, KeyError, TypeError):
+        rec = secret.verified(line)
+        if rec is None:
             obs.tampered = f"line {n} of the observation was not written by Crucible's plugin"
             return obs
+        index, event = rec["s"], rec.get("e")
         if event == "start":
-            if pid in sessions and not sessions[pid].ended:
+            if index in sessions:
                 obs.tampered = "a test session started twice"
                 return obs
-            sessions[pid] = _Session()
+            sessions[index] = _Session()
             obs.sessions += 1
             continue
-        session = sessions.get(pid)
+        session = sessions.get(index)
         if session is None or session.ended:
             obs.tampered = f"line {n}: an event outside a test session"
             return obs
         if event == "end":
             session.ended = True
         elif event == "test":
-            outcome, token = str(rec.get("o", "")), rec.get("c")
-            if token is not None:
-                kind = tokens.get(str(token))
-                if kind is None:
-                    obs.tampered = "a canary carried an unknown token"
+            outcome, kind = str(rec.get("o", "")), rec.get("c")
+            if kind is not None:
+                if kind not in ("pass", "fail"):
+                    obs.tampered = "a canary of an unknown kind"
                     return obs
                 session.canaries[kind].append(outcome)
             else:

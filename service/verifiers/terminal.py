@@ -38,7 +38,7 @@ from service.tasks.models import Task
 from service.verifiers import toolchain
 from service.verifiers.base import VerifierResult
 from service.verifiers.isolation import VERIFIER_ENV, ChangePlan, add_tests, plan_changes
-from service.verifiers.observe import OBSERVE_BYTES, Observation, Secret, judge
+from service.verifiers.observe import OBSERVE_BYTES, SECRET_PATH, Observation, Secret, judge
 from service.verifiers.registry import EndState, register
 
 NAME = "terminal"
@@ -227,6 +227,7 @@ def verify(
         if plan.too_big:
             return _zero("too_big", f"the end state is too big to verify: {plan.too_big}", t0)
         pristine_before = time.time_ns()
+        secret = Secret.new()
         try:
             _replay(
                 runtime,
@@ -235,6 +236,7 @@ def verify(
                 source=episode_container_id,
                 into=vcid,
                 site_dirs=tools.site_dirs,
+                private_files=((SECRET_PATH, secret.file_bytes()),),
             )
         except PayloadTooLarge as e:
             limit_mib = (check.max_end_state_bytes or 0) >> 20
@@ -242,8 +244,7 @@ def verify(
             return _zero("too_big", reason, t0, **tampered)
         except EndStateUnreadable as e:
             return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0, **tampered)
-        secret = Secret.new()
-        env = verifier_env(check, secret, pristine_before)
+        env = verifier_env(check, pristine_before)
         try:
             res = runtime.exec(
                 vcid,
@@ -304,10 +305,11 @@ def verify(
             (dispose or runtime.destroy)(cid)
 
 
-def verifier_env(check: TerminalCheck, secret: Secret, pristine_before: int) -> dict[str, str]:
+def verifier_env(check: TerminalCheck, pristine_before: int) -> dict[str, str]:
     """The test command's environment: the task's, then Crucible's (which wins): no user
     site, plugin autoload off (restored for nested runs unless the task set it), the
-    observer plugin and its secret, and the moment before the replay (``crucible_guard``)."""
+    observer plugin, and the moment before the replay (``crucible_guard``). No secret: the
+    session keys travel in a file the plugin consumes (``observe.SECRET_PATH``)."""
     env = {**check.env, **VERIFIER_ENV}
     plugins = [p for p in check.env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
     env["PYTEST_PLUGINS"] = ",".join(["crucible_observer", *plugins])
@@ -316,7 +318,6 @@ def verifier_env(check: TerminalCheck, secret: Secret, pristine_before: int) -> 
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     path = check.env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = f"{path}:{OBSERVER_PATH}" if path else OBSERVER_PATH
-    env["CRUCIBLE_OBSERVE"] = secret.env_value()
     env["CRUCIBLE_PRISTINE_BEFORE"] = str(pristine_before)
     return env
 
@@ -329,6 +330,7 @@ def _replay(
     source: str,
     into: str,
     site_dirs: tuple[str, ...] = (),
+    private_files: tuple[tuple[str, bytes], ...] = (),
 ) -> None:
     """Make ``into`` hold the episode's end state (outside protected paths) plus the tests:
     removals first (the pristine toolchain's ``rm``, paths NUL-separated on stdin), then one
@@ -362,7 +364,7 @@ def _replay(
                 t.addfile(info, reader)
             # /tests and /logs are protected (never replayed): fresh tests and an empty
             # /logs/verifier go in last.
-            add_tests(t, check.tests_dir, check.extra_files, site_dirs)
+            add_tests(t, check.tests_dir, check.extra_files, site_dirs, private_files)
         buf.seek(0)
         runtime.put_archive(into, "/", buf)
 

@@ -6,17 +6,20 @@ the task image's own distributions are loaded here instead, never those the agen
 Standard library and pytest only; Python 3.8 or newer; pytest 6.2 or newer.
 
 The channel: the supervisor gives the test command an observation pipe as fd 3. At import,
-in the first pytest process that holds it, this plugin moves it to a close-on-exec
-descriptor (processes the tests start cannot write to it), makes the process non-dumpable
-(other processes cannot open its descriptors through ``/proc``) and removes the run's
-secret, ``CRUCIBLE_OBSERVE`` (a JSON object: ``nonce`` and the two canary ``tokens``), from
-the environment. Each record is one JSON line, written with a single ``write`` (atomic on
-a pipe below ``PIPE_BUF``), carrying the nonce:
+in a pytest process that holds it, this plugin makes the process non-dumpable (no other
+process can open its descriptors or read its memory through ``/proc``), takes the next
+unused session key from the one-use key file ``/logs/.crucible-observe.json`` (root-only;
+the key is blanked as it is taken, so nothing the tests start later finds it), and moves
+the pipe to a close-on-exec descriptor (processes the tests start do not inherit it).
+Each record is one JSON line, written with a single ``write`` (atomic on a pipe below
+``PIPE_BUF``), carrying the run's nonce, the session's key index ``s`` and ``m``, an
+HMAC-SHA256 of the rest under the session key (RFC 2104), so a line written by anything
+else through the pipe (``/proc/<pid>/fd/3`` of the test script's shell) is refused:
 
-    {"k": nonce, "e": "start", "pid": 12}
-    {"k": nonce, "e": "test", "id": "tests/test_x.py::test_a", "o": "passed"}
-    {"k": nonce, "e": "test", "id": "...", "o": "failed", "c": token}   (a canary)
-    {"k": nonce, "e": "end", "exitstatus": 1}
+    {"k": nonce, "s": 0, "e": "start", "p": 12, "m": ...}
+    {"k": nonce, "s": 0, "e": "test", "id": "tests/test_x.py::test_a", "o": "passed", ...}
+    {"k": nonce, "s": 0, "e": "test", "id": "...", "o": "failed", "c": "fail", ...}  (canary)
+    {"k": nonce, "s": 0, "e": "end", "exitstatus": 1, ...}
 
 The canaries: a must-pass and a must-fail test, named like the task's own and placed at
 random among them. A run whose reporting was bent (every test made to pass, the process
@@ -26,6 +29,9 @@ ended early with a good status) shows it on a canary; the control plane then sco
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import hmac
 import json
 import os
 import random
@@ -36,12 +42,40 @@ import pytest
 
 _FD = 3
 _MAX_ID = 400
+SECRET_PATH = "/logs/.crucible-observe.json"  # one-use session keys, root-only
 _SUFFIXES = ("again", "edge", "empty", "extra", "boundary", "regression", "roundtrip", "case")
+
+
+def _take_key():
+    """(nonce, index, key, seed) of the next unused session key in the one-use key file, or
+    None. The key is blanked in the file as it is taken (the last one removes the file), so
+    what the tests start later finds none of the keys already in use."""
+    try:
+        fd = os.open(SECRET_PATH, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = json.loads(os.read(fd, 1 << 16) or b"{}")
+        keys, used = list(data.get("keys") or []), int(data.get("used", 0))
+        if used >= len(keys):
+            return None
+        key, keys[used] = str(keys[used]), ""
+        data.update(keys=keys, used=used + 1)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(data).encode())
+        if used + 1 >= len(keys):
+            os.unlink(SECRET_PATH)
+        return str(data.get("nonce", "")), used, key, str(data.get("seed", ""))
+    except (OSError, ValueError, TypeError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _take_channel():
     """(fd, secret) when this process holds the observation pipe, else None."""
-    raw = os.environ.pop("CRUCIBLE_OBSERVE", None)
     plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
     rest = [p for p in plugins if p.strip() != "crucible_observer"]
     if rest:
@@ -50,19 +84,17 @@ def _take_channel():
         os.environ.pop("PYTEST_PLUGINS", None)
     if os.environ.pop("CRUCIBLE_RESTORE_AUTOLOAD", None) == "1":
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # nested runs behave as usual
-    if raw is None:
-        return None
     try:
         if not stat.S_ISFIFO(os.fstat(_FD).st_mode):
             return None
-        fd = os.dup(_FD)  # os.dup gives a non-inheritable (close-on-exec) descriptor
-        os.close(_FD)
-        secret = json.loads(raw)
-        if not isinstance(secret, dict):
-            return None
-    except (OSError, ValueError):
+    except OSError:
         return None
     _not_dumpable()
+    secret = _take_key()
+    if secret is None:
+        return None
+    fd = os.dup(_FD)  # os.dup gives a non-inheritable (close-on-exec) descriptor
+    os.close(_FD)
     return fd, secret
 
 
@@ -77,21 +109,23 @@ def _not_dumpable() -> None:
 
 
 class _Observer:
-    def __init__(self, fd: int, secret: dict) -> None:
+    def __init__(self, fd: int, secret: tuple) -> None:
         self.fd = fd
         self.pid = os.getpid()
-        self.nonce = str(secret.get("nonce", ""))
-        tokens = secret.get("tokens") or {}
-        self.tokens = {"pass": str(tokens.get("pass", "")), "fail": str(tokens.get("fail", ""))}
-        self.rng = random.Random(str(secret.get("seed", "")))
-        self.canaries = {}  # nodeid -> token
+        self.nonce, self.index, key, seed = secret
+        self.key = key.encode()
+        self.rng = random.Random(f"{seed}/{self.index}")
+        self.canaries = {}  # nodeid -> "pass" | "fail"
         self.phases = {}  # nodeid -> outcome so far
 
     def send(self, event: str, **fields) -> None:
-        record = {"k": self.nonce, "e": event, "p": self.pid, **fields}
-        data = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8", "replace")
-        with contextlib.suppress(OSError):
-            os.write(self.fd, data[:4000])
+        record = {"k": self.nonce, "s": self.index, "e": event, "p": self.pid, **fields}
+        body = json.dumps(record, separators=(",", ":"), sort_keys=True)
+        record["m"] = hmac.new(self.key, body.encode(), hashlib.sha256).hexdigest()
+        data = (json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n").encode()
+        if len(data) < 4000:  # one write below PIPE_BUF: never interleaved
+            with contextlib.suppress(OSError):
+                os.write(self.fd, data)
 
     # ---------------------------------------------------------------- pytest hooks
 
@@ -115,7 +149,7 @@ class _Observer:
             item = pytest.Function.from_parent(module, name=name, callobj=_canary(kind, self.rng))
             taken.add(item.nodeid)
             items.insert(self.rng.randint(0, len(items)), item)
-            self.canaries[item.nodeid] = self.tokens[kind]
+            self.canaries[item.nodeid] = kind
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):  # noqa: ANN001, ANN201
