@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import anomaly
@@ -37,7 +37,7 @@ def readyz(ctx: Ctx) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 def metrics(ctx: Ctx) -> Response:
     """Prometheus text exposition (pool levels and verifier anomalies refreshed per scrape)."""
     anomaly.refresh(ctx.db)

@@ -48,7 +48,7 @@ class AnomalyList(BaseModel):
     outcomes: list[anomaly.OutcomeRates] = []
 
 
-@router.get("/rewards", response_model=RewardPage, responses=error_responses(403))
+@router.get("/rewards", response_model=RewardPage, responses=error_responses(400, 403))
 def list_rewards(
     ctx: Ctx,
     principal: CurrentPrincipal,
@@ -82,7 +82,13 @@ def list_rewards(
     )
 
 
-@router.get("/rewards/export", responses=error_responses(403))
+@router.get(
+    "/rewards/export",
+    responses={
+        200: {"content": {"application/x-ndjson": {}, "application/vnd.apache.parquet": {}}},
+        **error_responses(400, 403),
+    },
+)
 def export(
     ctx: Ctx,
     principal: CurrentPrincipal,

@@ -50,7 +50,7 @@ def episode_out(ep: Episode, task: Task) -> EpisodeOut:
     )
 
 
-@router.get("/tasks", response_model=TaskList)
+@router.get("/tasks", response_model=TaskList, responses=error_responses(400, 404))
 def list_tasks(
     ctx: Ctx, _: CurrentPrincipal, suite: str | None = None, domain: str | None = None
 ) -> TaskList:

@@ -73,9 +73,7 @@ def start_stack(
             deployment=deployment,
             pool_targets=pool_targets if pool_targets is not None else {"terminal": 1},
             pool_interval_s=0.2,
-            max_upload_bytes=1 << 20,
-            max_exec_timeout_s=600,
-            **overrides,
+            **{"max_upload_bytes": 1 << 20, "max_exec_timeout_s": 600, **overrides},
         )
         ctx = ServiceContext.build(settings)
         terminal = ctx.templates.get("terminal")
