@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Iterator
 from urllib.parse import quote, unquote
 
 import pytest
 from sqlalchemy import select
 
 from service.db.models import Sandbox, Tenant
-from tests.integration.api.conftest import Stack
+from tests.integration.api.conftest import Stack, start_stack
 from tests.integration.api.test_sandboxes_api import assert_problem, audit_actions, lease, run
 
 pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    yield from start_stack(tmp_path_factory.mktemp("hardening"), db_kind=request.param)
 
 
 @pytest.fixture

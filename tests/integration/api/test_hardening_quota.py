@@ -32,9 +32,16 @@ TASKS = [
 TTL_S = 600
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from start_stack(tmp_path_factory.mktemp("quota"), pool_targets={}, snapshot_ttl_s=TTL_S)
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    yield from start_stack(
+        tmp_path_factory.mktemp("quota"),
+        db_kind=request.param,
+        pool_targets={},
+        snapshot_ttl_s=TTL_S,
+    )
 
 
 def _tenant(stack: Stack, name: str, **quota: int) -> tuple[Client, str]:
