@@ -82,16 +82,17 @@ def confine(path: str, template: Template) -> str:
     return allowed(absolute, path, template)
 
 
-def allowed(absolute: str, path: str, template: Template) -> str:
-    """``absolute`` (normalized, or resolved in the sandbox) when the file API may touch it:
-    under ``files_root`` and not under a kernel filesystem.
+def allowed(absolute: str, path: str, template: Template, *, resolved: bool = False) -> str:
+    """``absolute`` (normalized, or ``resolved`` in the sandbox) when the file API may touch
+    it: under ``files_root`` and not under a kernel filesystem.
 
     Raises:
         PathOutsideRoot: it is not (the message names ``path`` as the client gave it).
     """
+    how = "resolves (through a symlink) to" if resolved else "resolves to"
     if not within(absolute, template.files_root):
         raise PathOutsideRoot(
-            f"path {path!r} resolves to {absolute!r}, outside {template.files_root!r}", field="path"
+            f"path {path!r} {how} {absolute!r}, outside {template.files_root!r}", field="path"
         )
     if any(within(absolute, k) for k in KERNEL_MOUNTS):
         raise PathOutsideRoot(
@@ -417,7 +418,7 @@ def _resolve(
     resolved = ctx.runtime.resolve_path(container_id, path, create_parents=create_parents)
     # The refusals apply to where the path leads: a symlink may lead out of the root or
     # into /proc, /sys or /dev.
-    return allowed(resolved, path, template)
+    return allowed(resolved, path, template, resolved=True)
 
 
 def put(

@@ -39,8 +39,9 @@ def test_quota_is_429_with_retry_after_and_audited(stack: Stack) -> None:
     r = carol.post(f"/v1/snapshots/{snap['id']}/fork", json={"n": 2})
     assert_problem(r, 400, "quota")
     # asking more than the whole quota is not retryable: 400, not 429
-    r = carol.post("/v1/sandboxes", json={"template": "terminal", "limits": {"cpus": 3}})
-    assert "cpus 3 > 1.5" in assert_problem(r, 400, "quota")["detail"]
+    # (memory: CPUs beyond the host's are refused before the quota is asked, limits.cpus)
+    r = carol.post("/v1/sandboxes", json={"template": "terminal", "limits": {"memory_mb": 8192}})
+    assert "memory_mb 8192 > 4096" in assert_problem(r, 400, "quota")["detail"]
     assert "retry-after" not in r.headers
     live = carol.get("/v1/sandboxes").json()["sandboxes"]
     assert sorted(s["id"] for s in live) == sorted([b["id"], c["id"]])
