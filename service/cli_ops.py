@@ -106,6 +106,10 @@ def keys_create(
     max_sandboxes: Annotated[int | None, typer.Option(help="Quota: concurrent sandboxes.")] = None,
     max_cpus: Annotated[float | None, typer.Option(help="Quota: total CPUs.")] = None,
     max_memory_mb: Annotated[int | None, typer.Option(help="Quota: total memory, MiB.")] = None,
+    max_snapshots: Annotated[int | None, typer.Option(help="Quota: snapshots held.")] = None,
+    max_snapshot_bytes: Annotated[
+        int | None, typer.Option(help="Quota: total bytes of the snapshots held.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
@@ -129,6 +133,8 @@ def keys_create(
                 max_memory_mb=max_memory_mb
                 if max_memory_mb is not None
                 else (existing.max_memory_mb if existing else s_.default_quota_memory_mb),
+                max_snapshots=max_snapshots,
+                max_snapshot_bytes=max_snapshot_bytes,
             )
             key = tenants.create_key(s, tenant, scopes={"admin"} if admin else set(), name=name)
     if as_json:

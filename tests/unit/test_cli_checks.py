@@ -59,3 +59,17 @@ def test_rewards_export_refuses_unknown_extensions(tmp_path: Path, name: str) ->
     assert result.exit_code == 2, result.output
     assert "*.jsonl or" in result.output and "*.parquet" in result.output
     assert not out.exists()
+
+
+def test_keys_create_sets_the_snapshot_quota(data_dir: Path) -> None:
+    from service.db.models import Tenant
+
+    args = ["keys", "create", "--tenant", "t1", "--max-snapshots", "3"]
+    result = CliRunner().invoke(app, [*args, "--max-snapshot-bytes", "1000"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["keys", "create", "--tenant", "t1"])  # keeps it
+    db = Database(get_settings().sqlalchemy_url)
+    with db.read() as s:
+        t = s.get(Tenant, "t1")
+        assert (t.max_snapshots, t.max_snapshot_bytes, t.used_snapshots) == (3, 1000, 0)
+    db.dispose()
