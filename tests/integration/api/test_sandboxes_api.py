@@ -657,7 +657,7 @@ def test_filesystem_refusals_are_client_errors(stack: Stack, sandbox: str) -> No
     r = _put(stack, sandbox, f"fsz/{long}", b"x", tar=False)
     assert 400 <= r.status_code < 500, r.text
     assert_problem(r, r.status_code, "path")
-    assert run(stack.alice, sandbox, "ls /opt/crucible")["stdout"] == "crucible-exec\n"
+    assert run(stack.alice, sandbox, "ls /opt/crucible")["stdout"] == "crucible-exec\npy\n"
 
 
 def test_runtime_stat_path_and_tmpfs_extraction_errors(
