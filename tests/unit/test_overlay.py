@@ -143,3 +143,33 @@ def test_a_layer_that_cannot_be_read_is_an_error_not_an_absence(tmp_path: Path) 
     (upper / "etc" / "x").write_text("")
     with pytest.raises(FileNotFoundError):
         overlay.changes(str(upper), [str(tmp_path / "no-such-layer")])
+
+
+def test_a_tree_too_deep_for_the_host_is_the_end_states_outcome(tmp_path: Path) -> None:
+    # Issue 9: an end state the host-side reader cannot read (a path longer than PATH_MAX
+    # once under the layer's prefix) scores 0 as the agent's outcome, while any other host
+    # failure stays Crucible's (status error).
+    import errno
+
+    from service.errors import SandboxError
+    from service.runtime.base import EndStateUnreadable
+    from service.runtime.docker import _read_error, _read_errors_mapped
+
+    upper = tmp_path / "upper"
+    deep = upper / "app"
+    deep.mkdir(parents=True)
+    fd = os.open(deep, os.O_RDONLY)
+    try:
+        for _ in range(30):  # 30 x 200 bytes: past PATH_MAX as a host path
+            name = "d" * 200
+            os.mkdir(name, dir_fd=fd)
+            nfd = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    members = _read_errors_mapped(overlay.entries(str(upper), ["/app"]), "reading")
+    with pytest.raises(EndStateUnreadable, match="File name too long"):
+        list(members)
+    assert isinstance(_read_error(OSError(errno.EIO, "I/O error"), "x"), SandboxError)
+    assert not isinstance(_read_error(OSError(errno.EIO, "I/O error"), "x"), EndStateUnreadable)
