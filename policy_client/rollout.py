@@ -17,17 +17,24 @@ arrived within ``batch_wait_s``) and run in a worker thread, so a GPU policy see
 An episode stops at the done marker (``complete``), after ``max_turns`` policy turns
 (``max_turns``), when the task's agent timeout has passed (``agent_timeout``), when the
 policy reports a full context window (``context_length``), or on a client or policy failure
-(``error``, excluded from the loss). Its record carries ``prompt_ids`` and, per turn, the
+(``error``, excluded from the loss; the record's ``error`` says what failed). Its record
+carries the prompt (``instruction``, ``prompt_messages``), ``prompt_ids`` and, per turn, the
 observation tokens (``loss_mask`` 0, logprob 0.0) then the sampled tokens (``loss_mask`` 1,
 their logprobs), so ``loss_mask`` and ``rollout_logprobs`` align with ``response_ids``. Token
 lists are all or nothing: if any turn came back as text without tokens, the record has none
-(an honest "no tokens" rather than a sequence with holes).
+(an honest "no tokens" rather than a sequence with holes), and the record's ``missing``
+(``token_ids``, ``logprobs``) and ``missing_reason`` say what is absent and why.
+
+A group whose samples all took the same actions while the policy samples at a temperature
+above 0 is suspicious (a seed repeated per request, a server ignoring the temperature): the
+runner logs a warning and keeps it in ``warnings``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 import uuid
@@ -55,6 +62,8 @@ from policy_client.policies.base import (
 from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, parse_action
 from service.rewards import RewardRecord
 from service.schemas import EpisodeOut, WorkItemOut
+
+log = logging.getLogger(__name__)
 
 # Failures of the control plane or the episode's sandbox (released when its claim lapsed):
 # the episode is not verified and its sample is re-run by the item's retry.
@@ -154,6 +163,7 @@ class RolloutRunner:
             policy, batch_size=self.config.batch_size, wait_s=self.config.batch_wait_s
         )
         self.outcomes: list[EpisodeOutcome] = []
+        self.warnings: list[str] = []  # e.g. identical samples in a group at temperature > 0
 
     async def run_job(self, job_id: str) -> list[EpisodeOutcome]:
         """Work on ``job_id`` until no item is queued or claimed; return the outcomes."""
@@ -227,6 +237,7 @@ class RolloutRunner:
         outcomes = [r for r in results if isinstance(r, EpisodeOutcome)]
         lost = [r for r in results if not isinstance(r, EpisodeOutcome)]
         self.outcomes.extend(outcomes)
+        self._check_diversity(item, [o.record for o in outcomes])
         for r in lost:
             if not isinstance(r, ClientError):
                 raise r
@@ -246,6 +257,25 @@ class RolloutRunner:
                 + str(bad[0].record.verifier.details.get("reason", ""))[:500]
             )
         await self._complete(item, ok=not bad, error=error, cause="verifier")
+
+    def _check_diversity(self, item: WorkItemOut, records: list[RewardRecord]) -> None:
+        """Warn when every sample of a group took the same actions at temperature > 0."""
+        temperature = getattr(self.policy, "temperature", None)
+        if len(records) < 2 or not temperature or temperature <= 0:
+            return
+        runs = {
+            (tuple(t.action for t in r.turns), tuple(r.response_ids))
+            for r in records
+            if r.stop_reason != "error"
+        }
+        if len(runs) == 1 and sum(r.stop_reason != "error" for r in records) > 1:
+            msg = (
+                f"task {item.task_id}: all {len(records)} samples of group {item.group_id} are "
+                f"identical at temperature {temperature:g} (a fixed seed per request, or a "
+                "server ignoring the temperature?): the group carries no GRPO signal"
+            )
+            log.warning(msg)
+            self.warnings.append(msg)
 
     async def _start_group(self, item: WorkItemOut) -> list[EpisodeOut]:
         for _ in range(60):
@@ -273,10 +303,10 @@ class RolloutRunner:
             instruction=ep.instruction,
             workdir=ep.workdir,
         )
-        traj = _Trajectory()
+        messages = initial_messages(ep.instruction)
+        traj = _Trajectory(instruction=ep.instruction, prompt_messages=list(messages))
         stop = "max_turns"
         deadline = time.monotonic() + ep.agent_timeout_s
-        messages = initial_messages(ep.instruction)
         try:
             await asyncio.to_thread(self.policy.prepare, ctx, self.sync_client)
             for turn in range(self.config.max_turns):
@@ -299,6 +329,8 @@ class RolloutRunner:
                     break
                 traj.policy_ms += (time.perf_counter() - t0) * 1e3
                 traj.add_tokens(action)
+                if action.info.get("text_only") and traj.missing_reason is None:
+                    traj.missing_reason = str(action.info["text_only"])[:1000]
                 if action.context_exhausted:
                     stop = "context_length"
                     break
@@ -359,6 +391,8 @@ class _Trajectory:
     logprobs. ``has_tokens`` / ``has_logprobs`` turn False for good once a turn lacks them.
     """
 
+    instruction: str = ""
+    prompt_messages: list[dict[str, str]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
@@ -369,6 +403,7 @@ class _Trajectory:
     policy_ms: float = 0.0
     env_ms: float = 0.0
     error: str | None = None
+    missing_reason: str | None = None
 
     def add_tokens(self, a: PolicyAction) -> None:
         """Append a turn's tokens: observation (mask 0, logprob 0.0), then sampled (mask 1)."""
@@ -390,15 +425,29 @@ class _Trajectory:
     def payload(self, policy: Policy, stop: str, queue_ms: float) -> dict[str, Any]:
         """The verify request body."""
         tokens = self.has_tokens and bool(self.prompt_ids or self.response_ids)
+        logprobs = tokens and self.has_logprobs
+        missing = ([] if tokens else ["token_ids"]) + ([] if logprobs else ["logprobs"])
+        reason = None
+        if missing:
+            reason = (
+                self.missing_reason
+                or getattr(policy, "missing_reason", None)
+                or f"policy {policy.name} returned no {' and no '.join(missing)}"
+            )
         return {
             "policy": {"name": policy.name, "version": f"{policy.version}+prompt{PROMPT_VERSION}"},
             "stop_reason": stop,
+            "error": self.error[:4000] if self.error else None,
             "exclude_from_loss": stop == "error",
             "turns": self.turns,
+            "instruction": self.instruction,
+            "prompt_messages": self.prompt_messages,
             "prompt_ids": self.prompt_ids if tokens else [],
             "response_ids": self.response_ids if tokens else [],
             "loss_mask": self.loss_mask if tokens else [],
-            "rollout_logprobs": self.logprobs if tokens and self.has_logprobs else [],
+            "rollout_logprobs": self.logprobs if logprobs else [],
+            "missing": missing,
+            "missing_reason": reason[:1000] if reason else None,
             "timing": {
                 "queue_ms": round(queue_ms, 3),
                 "policy_ms": round(self.policy_ms, 3),

@@ -25,7 +25,15 @@ app.add_typer(rewards_app, name="rewards")
 
 
 def make_policy(name: str, *, suite_dir: Path, model: Path | None, **options: Any) -> Any:
-    """The policy called ``name`` (oracle, noop, torch, openai)."""
+    """The policy called ``name`` (oracle, noop, torch, openai).
+
+    ``model`` is the torch policy's folder; an openai policy takes its served model name
+    from ``options["served_model"]`` (so the two never collide) and its endpoint from
+    ``options["base_url"]``.
+
+    Raises:
+        typer.BadParameter: an unknown policy, or a model policy without what it needs.
+    """
     if name == "oracle":
         from policy_client.policies.scripted import OraclePolicy
 
@@ -43,12 +51,14 @@ def make_policy(name: str, *, suite_dir: Path, model: Path | None, **options: An
     if name == "openai":
         from policy_client.policies.openai_compat import OpenAICompatiblePolicy
 
-        if not options.get("base_url") or not options.get("model"):
+        options = dict(options)
+        base_url, served = options.pop("base_url", None), options.pop("served_model", None)
+        if not base_url or not served:
             raise typer.BadParameter(
                 "--policy openai needs --endpoint URL and --served-model NAME",
                 param_hint="--endpoint",
             )
-        return OpenAICompatiblePolicy(options.pop("base_url"), options.pop("model"), **options)
+        return OpenAICompatiblePolicy(base_url, served, **options)
     raise typer.BadParameter(
         f"unknown policy {name!r} (oracle, noop, torch, openai)", param_hint="--policy"
     )
@@ -63,6 +73,7 @@ def policy_options(
     seed: int | None,
     endpoint: str | None,
     served_model: str | None,
+    token_ids: str = "auto",
 ) -> dict:
     """The keyword arguments ``make_policy`` passes to a model policy."""
     sampling = {"temperature": temperature, "top_p": top_p, "seed": seed}
@@ -71,8 +82,9 @@ def policy_options(
     if policy == "openai":
         return {
             "base_url": endpoint,
-            "model": served_model,
+            "served_model": served_model,
             "max_tokens": max_new_tokens,
+            "token_ids": token_ids,
             **sampling,
         }
     return {}
@@ -98,9 +110,16 @@ def rollout(
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     endpoint: Annotated[
-        str | None, typer.Option(help="openai: the server's base URL (.../v1).")
+        str | None,
+        typer.Option(help="openai: the server's base URL (http://host:8000, with or without /v1)."),
     ] = None,
     served_model: Annotated[str | None, typer.Option(help="openai: the model name.")] = None,
+    token_ids: Annotated[
+        str,
+        typer.Option(
+            help="openai: ask for vLLM's token ids: auto (detect once per endpoint) | on | off."
+        ),
+    ] = "auto",
     url: Annotated[
         str | None, typer.Option(envvar="CRUCIBLE_URL", help="Control plane URL.")
     ] = None,
@@ -142,6 +161,8 @@ def rollout(
     from policy_client.rollout import RolloutConfig, RolloutRunner
 
     suite_dir = suite.resolve()
+    if token_ids not in ("auto", "on", "off"):
+        raise typer.BadParameter(f"{token_ids!r}: choose auto, on or off", param_hint="--token-ids")
     options = policy_options(
         policy,
         max_new_tokens=max_new_tokens,
@@ -150,6 +171,7 @@ def rollout(
         seed=seed,
         endpoint=endpoint,
         served_model=served_model,
+        token_ids=token_ids,
     )
     if ray:  # the actors load the policy; the driver only names it
         pol = _policy_identity(policy, suite_dir=suite_dir, model=model, **options)
@@ -195,6 +217,8 @@ def rollout(
                     shown = "error" if rec.reward is None else f"{rec.reward:g}"
                     progress.update(bar, advance=1, last=f"{rec.task_id}: {shown}")
 
+                warnings: list[str] = []
+
                 async def go() -> list[Any]:
                     async with AsyncClient(url, api_key) as aclient:
                         runner = RolloutRunner(
@@ -204,7 +228,10 @@ def rollout(
                             on_record=on_record,
                             config=RolloutConfig(concurrency=concurrency, max_turns=max_turns),
                         )
-                        return await runner.run_job(job.id)
+                        try:
+                            return await runner.run_job(job.id)
+                        finally:
+                            warnings.extend(runner.warnings)
 
                 if ray:
                     _run_on_ray(
@@ -229,18 +256,23 @@ def rollout(
     except ClientError as e:
         err_console.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
-    summary = _summary(records, final, paths)
+    summary = _summary(records, final, paths, warnings=warnings)
     if as_json:
         _print_json(summary)
     else:
         _print_table(records)
-        rs = [r.reward for r in records if r.reward is not None]
-        console.print(
-            f"{len(records)} episodes over {len(job.task_ids)} tasks; mean reward "
-            f"{statistics.fmean(rs) if rs else float('nan'):.3f}; "
-            f"{summary['errors']} verifier errors; job {final.state}"
+        for w in warnings:
+            err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(_summary_line(summary, n_tasks=len(job.task_ids)), highlight=False)
+        if summary["missing"]:
+            console.print(f"tokens: {summary['missing']}", highlight=False)
+        console.print(f"records: {paths['jsonl']} and {paths['parquet']}", highlight=False)
+    if records and summary["failed_episodes"] == len(records):
+        err_console.print(
+            f"[red]every episode failed[/] ({len(records)}): {summary['first_error']}",
+            highlight=False,
         )
-        console.print(f"records: {paths['jsonl']} and {paths['parquet']}")
+        raise typer.Exit(1)
     if expect_reward is not None:
         wrong = [r for r in records if r.reward != expect_reward]
         missing = total - len(records)
@@ -250,6 +282,16 @@ def rollout(
                 f"{missing} episodes missing[/]: " + ", ".join(sorted({r.task_id for r in wrong}))
             )
             raise typer.Exit(1)
+
+
+def _summary_line(summary: dict[str, Any], *, n_tasks: int) -> str:
+    mean = summary["mean_reward"]
+    return (
+        f"{summary['episodes']} episodes over {n_tasks} tasks; mean reward "
+        f"{float('nan') if mean is None else mean:.3f}; "
+        f"{summary['failed_episodes']} failed episodes (policy or endpoint errors); "
+        f"{summary['errors']} verifier errors; job {summary['state']}"
+    )
 
 
 def _policy_identity(name: str, *, suite_dir: Path, model: Path | None, **options: Any) -> Any:
@@ -318,15 +360,37 @@ def _write_records(client: Any, job_id: str, out: Path) -> dict[str, str]:
     return paths
 
 
-def _summary(records: list[Any], job: Any, paths: dict[str, str]) -> dict[str, Any]:
+def _missing_summary(records: list[Any]) -> str | None:
+    """One line on the tokens the records lack (``None`` when every record has them all)."""
+    counts: dict[str, int] = {}
+    reasons: list[str] = []
+    for r in records:
+        for m in r.missing:
+            counts[m] = counts.get(m, 0) + 1
+        if r.missing_reason and r.missing_reason not in reasons:
+            reasons.append(r.missing_reason)
+    if not counts:
+        return None
+    parts = ", ".join(f"{m} missing in {n} of {len(records)} records" for m, n in counts.items())
+    return parts + (f" ({'; '.join(reasons[:3])})" if reasons else "")
+
+
+def _summary(
+    records: list[Any], job: Any, paths: dict[str, str], *, warnings: list[str] | None = None
+) -> dict[str, Any]:
+    failed = [r for r in records if r.stop_reason == "error"]
     return {
         "job_id": job.id,
         "state": job.state,
         "episodes": len(records),
+        "failed_episodes": len(failed),
+        "first_error": failed[0].error if failed else None,
         "errors": sum(1 for r in records if r.verifier.status != "ok"),
         "mean_reward": statistics.fmean([r.reward for r in records if r.reward is not None])
         if any(r.reward is not None for r in records)
         else None,
+        "missing": _missing_summary(records),
+        "warnings": list(warnings or []),
         "records": paths,
         "tasks": [
             {
@@ -335,6 +399,8 @@ def _summary(records: list[Any], job: Any, paths: dict[str, str]) -> dict[str, A
                 "reward": r.reward,
                 "status": r.verifier.status,
                 "stop_reason": r.stop_reason,
+                "error": r.error,
+                "missing": r.missing,
                 "timing": r.timing.model_dump(),
             }
             for r in records
@@ -342,44 +408,79 @@ def _summary(records: list[Any], job: Any, paths: dict[str, str]) -> dict[str, A
     }
 
 
-def _print_table(records: list[Any]) -> None:
-    table = Table(title="rollout")
-    for col in (
-        "task",
-        "#",
-        "reward",
-        "status",
-        "stop",
-        "turns",
-        "lease ms",
-        "policy ms",
-        "env ms",
-        "verify ms",
-    ):
-        table.add_column(col, justify="left" if col in ("task", "status", "stop") else "right")
+_COLUMNS = (
+    "task",
+    "#",
+    "reward",
+    "status",
+    "stop",
+    "turns",
+    "lease ms",
+    "policy ms",
+    "env ms",
+    "verify ms",
+)
+
+
+def _rows(records: list[Any]) -> list[tuple[str, ...]]:
+    rows = []
     for r in sorted(records, key=lambda r: (r.task_id, r.sample_idx)):
-        reward = "-" if r.reward is None else f"{r.reward:g}"
-        colour = "green" if r.reward == 1 else "red" if r.verifier.status != "ok" else "yellow"
         t = r.timing
-        table.add_row(
-            r.task_id,
-            str(r.sample_idx),
-            f"[{colour}]{reward}[/]",
-            r.verifier.status,
-            r.stop_reason,
-            str(len(r.turns)),
-            f"{t.lease_ms:.0f}",
-            f"{t.policy_ms:.0f}",
-            f"{t.env_ms:.0f}",
-            f"{t.verify_ms:.0f}",
+        rows.append(
+            (
+                r.task_id,
+                str(r.sample_idx),
+                "-" if r.reward is None else f"{r.reward:g}",
+                r.verifier.status,
+                r.stop_reason,
+                str(len(r.turns)),
+                f"{t.lease_ms:.0f}",
+                f"{t.policy_ms:.0f}",
+                f"{t.env_ms:.0f}",
+                f"{t.verify_ms:.0f}",
+            )
         )
+    return rows
+
+
+def _print_table(records: list[Any]) -> None:
+    """The per-episode table: a rich table on a terminal; elsewhere (CI logs, pipes) plain
+    aligned columns at full width (rich would cut them to 80 columns), and each failed
+    episode's error on its own line."""
+    rows = _rows(records)
+    if not console.is_terminal:
+        widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(_COLUMNS)]
+        for row in [_COLUMNS, *rows]:
+            cells = (
+                cell.ljust(w) if i in (0, 3, 4) else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+            print("  ".join(cells).rstrip())
+        for r in records:
+            if r.error:
+                print(f"error {r.task_id}#{r.sample_idx}: {r.error}")
+        return
+    table = Table(title="rollout")
+    for col in _COLUMNS:
+        table.add_column(col, justify="left" if col in ("task", "status", "stop") else "right")
+    for row, r in zip(rows, sorted(records, key=lambda r: (r.task_id, r.sample_idx)), strict=True):
+        colour = "green" if r.reward == 1 else "red" if r.verifier.status != "ok" else "yellow"
+        table.add_row(row[0], row[1], f"[{colour}]{row[2]}[/]", *row[3:])
     console.print(table)
+    for r in records:
+        if r.error:
+            console.print(f"[red]error[/] {r.task_id}#{r.sample_idx}: {r.error}", highlight=False)
 
 
 @rewards_app.command("export")
 def rewards_export(
     out: Annotated[Path, typer.Argument(help="Output file (.jsonl or .parquet).")],
     job_id: Annotated[str | None, typer.Option(help="Only this job's records.")] = None,
+    suite: Annotated[str | None, typer.Option(help="Only this suite's records.")] = None,
+    task_id: Annotated[str | None, typer.Option(help="Only this task's records.")] = None,
+    domain: Annotated[
+        str | None, typer.Option(help="Only this domain's (terminal, document, cad).")
+    ] = None,
     normalize: Annotated[str, typer.Option(help="none | grpo | mean | domain_z")] = "none",
     url: Annotated[str | None, typer.Option(envvar="CRUCIBLE_URL")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="CRUCIBLE_API_KEY")] = None,
@@ -400,7 +501,16 @@ def rewards_export(
         raise typer.Exit(2)
     try:
         with Client(url, api_key) as client:
-            data = client.run(calls.export_records(fmt=fmt, normalize=normalize, job_id=job_id))
+            data = client.run(
+                calls.export_records(
+                    fmt=fmt,
+                    normalize=normalize,
+                    job_id=job_id,
+                    suite=suite,
+                    task_id=task_id,
+                    domain=domain,
+                )
+            )
     except ClientError as e:
         err_console.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e

@@ -65,8 +65,13 @@ from service.errors import Conflict, InvalidRequest, NotFound
 from service.ids import new_id
 from service.text import find_unencodable
 
-SCHEMA_VERSION = "1"
-"""Version of the record layout; written into every record and into the Parquet metadata."""
+SCHEMA_VERSION = "2"
+"""Version of the record layout; written into every record and into the Parquet metadata.
+Changelog: docs/records.md ("Schema versions"). A stored version-1 record reads as version 2
+(every field version 2 added has a default)."""
+
+READABLE_VERSIONS = ("1", "2")
+"""Record versions ``RewardRecord`` reads (older ones are upgraded on read)."""
 
 DEFAULT_EPS = 1e-6
 """Default ``eps`` of the std-normalized advantages (verl's default)."""
@@ -144,6 +149,16 @@ class Timing(_Model):
     verify_ms: NonNegMs = 0.0
 
 
+class ChatMessage(_Model):
+    """One message of the chat the policy was prompted with (``role``: system, user...)."""
+
+    role: str = Field(min_length=1, max_length=32)
+    content: str
+
+
+Missing = Literal["token_ids", "logprobs"]
+
+
 class RewardRecord(_Model):
     """One verified trajectory (DESIGN.md section 7). Every column: docs/records.md.
 
@@ -154,7 +169,7 @@ class RewardRecord(_Model):
     verifier's own scale (no normalization); None unless ``verifier.status == "ok"``.
     """
 
-    schema_version: Literal["1"] = SCHEMA_VERSION
+    schema_version: Literal["2"] = SCHEMA_VERSION
     record_id: str = Field(default_factory=lambda: new_id("rr"), min_length=1, max_length=40)
     job_id: str | None = Field(default=None, max_length=40)
     episode_id: str = Field(min_length=1, max_length=40)
@@ -171,16 +186,29 @@ class RewardRecord(_Model):
     reward_components: dict[str, float] = Field(default_factory=dict)
     verifier: VerifierInfo
     stop_reason: StopReason
+    error: str | None = Field(default=None, max_length=4000)
     exclude_from_loss: bool = False
     turns: list[TurnRecord] = Field(default_factory=list)
+    instruction: str = ""
+    prompt_messages: list[ChatMessage] = Field(default_factory=list)
     prompt_ids: list[TokenId] = Field(default_factory=list)
     response_ids: list[TokenId] = Field(default_factory=list)
     loss_mask: list[Literal[0, 1]] = Field(default_factory=list)
     rollout_logprobs: list[float] = Field(default_factory=list)
+    missing: list[Missing] = Field(default_factory=list)
+    missing_reason: str | None = Field(default=None, max_length=1000)
     timing: Timing = Field(default_factory=Timing)
     sandbox_id: str = Field(max_length=40)
     snapshot_id: str | None = Field(default=None, max_length=40)
     created_at: UTCDatetime = Field(default_factory=utcnow)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """A version-1 document (a stored row, an old JSONL line) reads as version 2."""
+        if isinstance(data, dict) and data.get("schema_version") in READABLE_VERSIONS[:-1]:
+            data = {**data, "schema_version": SCHEMA_VERSION}
+        return data
 
     @model_validator(mode="after")
     def _invariants(self) -> RewardRecord:
@@ -700,6 +728,8 @@ _TURN = pa.struct(
     ]
 )
 _TIMING = pa.struct([_f(k, pa.float64()) for k in Timing.model_fields])
+_COMPONENT = pa.struct([_f("name", pa.string()), _f("value", pa.float64())])
+_MESSAGE = pa.struct([_f("role", pa.string()), _f("content", pa.string())])
 
 _RECORD_FIELDS = [
     _f("schema_version", pa.string()),
@@ -716,15 +746,20 @@ _RECORD_FIELDS = [
     _f("image_digest", pa.string()),
     _f("policy", _POLICY),
     _f("reward", pa.float64(), nullable=True),
-    _f("reward_components", pa.map_(_f("key", pa.string()), _f("value", pa.float64()))),
+    _f("reward_components", _list_of(_COMPONENT)),
     _f("verifier", _VERIFIER),
     _f("stop_reason", pa.string()),
+    _f("error", pa.string(), nullable=True),
     _f("exclude_from_loss", pa.bool_()),
     _f("turns", _list_of(_TURN)),
+    _f("instruction", pa.string()),
+    _f("prompt_messages", _list_of(_MESSAGE)),
     _f("prompt_ids", _list_of(pa.int32())),
     _f("response_ids", _list_of(pa.int32())),
     _f("loss_mask", _list_of(pa.int32())),
     _f("rollout_logprobs", _list_of(pa.float32())),
+    _f("missing", _list_of(pa.string())),
+    _f("missing_reason", pa.string(), nullable=True),
     _f("timing", _TIMING),
     _f("sandbox_id", pa.string()),
     _f("snapshot_id", pa.string(), nullable=True),
@@ -749,8 +784,14 @@ def parquet_schema(*, normalize: Normalize = "none", eps: float = DEFAULT_EPS) -
 
 
 def _arrow_row(record: RewardRecord) -> dict[str, Any]:
-    row = record.model_dump(exclude={"verifier", "reward_components", "turns", "timing"})
-    row["reward_components"] = list(record.reward_components.items())
+    row = record.model_dump(
+        exclude={"verifier", "reward_components", "turns", "prompt_messages", "timing"}
+    )
+    # a list of {name, value} structs, not an Arrow map: HF datasets has no map type
+    row["reward_components"] = [
+        {"name": k, "value": v} for k, v in sorted(record.reward_components.items())
+    ]
+    row["prompt_messages"] = [m.model_dump() for m in record.prompt_messages]
     row["verifier"] = {
         "name": record.verifier.name,
         "version": record.verifier.version,

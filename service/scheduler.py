@@ -471,8 +471,10 @@ def missing_samples(s: Session, job: Job, items: Sequence[WorkItem]) -> list[Mis
 
 
 def progress(db: Database, job_id: str) -> dict[str, Any]:
-    """Item counts by state, records by status, the mean reward of ok records, expected and
-    recorded sample counts, and the samples still missing (with why)."""
+    """Item counts by state, records by status, the mean reward of ok records, episodes
+    that failed on the policy's side (``failed_episodes``: records with stop reason
+    ``error``), expected and recorded sample counts, and the samples still missing (with
+    why)."""
     with db.read() as s:
         job = s.get(Job, job_id)
         items = s.execute(select(WorkItem).where(WorkItem.job_id == job_id)).scalars().all()
@@ -482,6 +484,16 @@ def progress(db: Database, job_id: str) -> dict[str, Any]:
             .group_by(RewardRecordRow.status)
         ).all()
         missing = missing_samples(s, job, items) if job is not None else []
+        # episodes the policy or its endpoint failed (stop_reason "error"): verified, but
+        # no trajectory to learn from; the CLI fails a job whose every episode is one
+        failed_episodes = s.execute(
+            select(func.count())
+            .select_from(RewardRecordRow)
+            .where(
+                RewardRecordRow.job_id == job_id,
+                RewardRecordRow.record["stop_reason"].as_string() == "error",
+            )
+        ).scalar_one()
     by_state: dict[str, int] = {}
     for item in items:
         by_state[item.state] = by_state.get(item.state, 0) + 1
@@ -493,6 +505,7 @@ def progress(db: Database, job_id: str) -> dict[str, Any]:
         },
         "records": records,
         "mean_reward": mean,
+        "failed_episodes": failed_episodes,
         "expected_records": len(items) * (job.group_size if job else 0),
         "missing": [m.__dict__ for m in missing[:1000]],
     }

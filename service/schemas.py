@@ -305,6 +305,13 @@ class TimingIn(_Model):
     env_ms: float = Field(0.0, ge=0)
 
 
+class MessageIn(_Model):
+    """One chat message of the prompt."""
+
+    role: str = Field(min_length=1, max_length=32)
+    content: str
+
+
 class VerifyIn(_Model):
     """``POST /v1/episodes/{id}/verify``: the trajectory the worker recorded."""
 
@@ -312,12 +319,17 @@ class VerifyIn(_Model):
     stop_reason: Literal["complete", "max_turns", "agent_timeout", "context_length", "error"] = (
         "complete"
     )
+    error: str | None = Field(None, max_length=4000)  # stop_reason "error": what failed
     exclude_from_loss: bool = False
     turns: list[TurnIn] = Field(default_factory=list)
+    instruction: str = ""  # the task instruction the policy was given
+    prompt_messages: list[MessageIn] = Field(default_factory=list)  # the chat prompt_ids render
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)
     rollout_logprobs: list[float] = Field(default_factory=list)
+    missing: list[Literal["token_ids", "logprobs"]] = Field(default_factory=list)
+    missing_reason: str | None = Field(None, max_length=1000)
     timing: TimingIn = Field(default_factory=TimingIn)
 
 

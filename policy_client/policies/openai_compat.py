@@ -1,12 +1,16 @@
-"""Policies served over the OpenAI chat-completions API (vLLM, SGLang), and a router.
+"""Policies served over the OpenAI chat-completions API (vLLM, SGLang, ``transformers
+serve``...), and a router.
 
 ``OpenAICompatiblePolicy`` posts each request of a batch to ``{base_url}/v1/chat/completions``
-(concurrently, up to ``max_concurrency`` at once) with ``logprobs: true``. With
-``token_ids=True`` (the default, for vLLM) it also asks for token ids:
-``return_tokens_as_token_ids`` (each logprob entry's token reads ``token_id:<id>``) and
+(``base_url`` given with or without its ``/v1``), concurrently, up to ``max_concurrency`` at
+once, with ``logprobs: true``. ``token_ids`` says whether to ask for token ids with vLLM's
+fields ``return_tokens_as_token_ids`` (each logprob entry's token reads ``token_id:<id>``) and
 ``return_token_ids`` (vLLM >= 0.10.2: ``prompt_token_ids`` of the rendered conversation and
-the choice's ``token_ids``). Other servers ignore or refuse unknown fields: pass
-``token_ids=False`` for a plain OpenAI-compatible endpoint.
+the choice's ``token_ids``): ``"on"`` always, ``"off"`` never (a strict server refuses unknown
+fields), ``"auto"`` (default) detects it once per endpoint: the first request asks, and a
+400/422 answer turns the fields off for good (the request is repeated without them). What
+the endpoint does not give (``token_ids``, ``logprobs``) is in ``missing``, why in
+``missing_reason``, after the first answer.
 
 Token accounting. A record needs the whole sequence the model saw, so token ids are
 reported only when the server gives both sides: the sampled ids (``token_ids``, else the
@@ -31,6 +35,7 @@ both chose the same token after the same context.
 from __future__ import annotations
 
 import statistics
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +47,15 @@ from policy_client.errors import APIError, BadRequest, raise_for_problem
 from policy_client.policies.base import EpisodeContext, Policy, PolicyAction, PolicyRequest
 
 Route = Literal["fast", "standard"]
+TokenIds = Literal["auto", "on", "off"]
+VLLM_TOKEN_FIELDS = {"return_tokens_as_token_ids": True, "return_token_ids": True}
+
+
+def api_root(base_url: str) -> str:
+    """The server root of an OpenAI-compatible base URL given with or without ``/v1``
+    (``http://h:8000/v1/`` and ``http://h:8000`` both give ``http://h:8000``)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 @dataclass(frozen=True)
@@ -66,10 +80,14 @@ class _EpisodeTokens:
 class OpenAICompatiblePolicy:
     """A model behind an OpenAI-compatible chat-completions endpoint (see module docstring).
 
-    ``base_url`` is the server root (``http://host:8000``; ``/v1`` is appended). ``model``:
+    ``base_url``: the server, with or without ``/v1`` (``http://host:8000/v1``). ``model``:
     the served model name. ``max_tokens``, ``temperature``, ``top_p``, ``seed`` go into every
     request, ``extra_body`` is merged into it (e.g. ``{"stop": [...]}``, vLLM's
-    ``{"top_k": 20}``). ``transport`` replaces httpx's (tests).
+    ``{"top_k": 20}``). ``token_ids``: ``"auto"``, ``"on"`` or ``"off"`` (``True``/``False``
+    mean on/off). ``transport`` replaces httpx's (tests).
+
+    Raises:
+        ValueError: ``token_ids`` is none of the above.
     """
 
     def __init__(
@@ -82,23 +100,33 @@ class OpenAICompatiblePolicy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
-        token_ids: bool = True,
+        token_ids: TokenIds | bool = "auto",
         max_concurrency: int = 16,
         timeout_s: float = 300.0,
         extra_body: dict[str, Any] | None = None,
         name: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url, self.model = base_url.rstrip("/"), model
+        if isinstance(token_ids, bool):
+            token_ids = "on" if token_ids else "off"
+        if token_ids not in ("auto", "on", "off"):
+            raise ValueError(f"token_ids must be auto, on or off, not {token_ids!r}")
+        self.base_url, self.model = api_root(base_url), model
         self.max_tokens, self.temperature, self.top_p, self.seed = (
             max_tokens,
             temperature,
             top_p,
             seed,
         )
-        self.token_ids, self.extra_body = token_ids, dict(extra_body or {})
+        self.token_ids: TokenIds = token_ids
+        self.extra_body = dict(extra_body or {})
         self.name = name or model
         self.version = f"T={temperature:g},top_p={top_p:g}"
+        # what the endpoint gives, learnt from its first answer (None: not asked yet)
+        self.ask_token_ids: bool = token_ids != "off"
+        self.missing: list[str] | None = None
+        self.missing_reason: str | None = None
+        self._probe = threading.Lock()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -133,17 +161,48 @@ class OpenAICompatiblePolicy:
             "temperature": self.temperature if temperature is None else temperature,
             "top_p": self.top_p if top_p is None else top_p,
             "logprobs": True,
-            "n": 1,
         }
         if self.seed is not None:
             body["seed"] = self.seed
-        if self.token_ids:
-            body["return_tokens_as_token_ids"] = True
-            body["return_token_ids"] = True
         body.update(self.extra_body)
+        if self.missing is not None:
+            return self._post(body)
+        with self._probe:  # the first answer tells what the endpoint gives: learn it once
+            if self.missing is not None:
+                return self._post(body)
+            try:
+                completion = self._post(body)
+            except BadRequest as e:
+                if self.token_ids != "auto" or e.status not in (400, 422):
+                    raise
+                self.ask_token_ids = False
+                completion = self._post(body)  # the endpoint refused vLLM's token fields
+                refused = f"the endpoint refused vLLM's token-id fields ({e.status}: {e.detail})"
+                self._learn(completion, reason=refused[:500])
+                return completion
+            self._learn(completion)
+            return completion
+
+    def _post(self, body: dict[str, Any]) -> Completion:
+        if self.ask_token_ids:
+            body = {**body, **VLLM_TOKEN_FIELDS}
         response = self._http.post("/v1/chat/completions", json=body)
         _raise_for_error(response)
         return parse_completion(response.json())
+
+    def _learn(self, c: Completion, *, reason: str | None = None) -> None:
+        missing = []
+        if c.token_ids is None or c.prompt_ids is None:
+            missing.append("token_ids")
+        if not c.logprobs:
+            missing.append("logprobs")
+        if missing and reason is None:
+            reason = (
+                "token ids were not asked for (token_ids=off)"
+                if not self.ask_token_ids and "token_ids" in missing
+                else f"the endpoint's answer has no {' and no '.join(missing)}"
+            )
+        self.missing, self.missing_reason = missing, reason if missing else None
 
     # -- Policy protocol -----------------------------------------------------------------------
 
@@ -183,10 +242,11 @@ class OpenAICompatiblePolicy:
         if not state.ok:
             info["text_only"] = "an earlier turn"
             return text_only
-        if c.token_ids is None or c.prompt_ids is None or len(c.logprobs) != len(c.token_ids):
+        if c.token_ids is None or c.prompt_ids is None:
             state.ok = False
-            info["text_only"] = "the server returned no token ids (or no prompt_token_ids)"
+            info["text_only"] = self.missing_reason or "the server returned no token ids"
             return text_only
+        logprobs = list(c.logprobs) if len(c.logprobs) == len(c.token_ids) else []
         first = not state.history
         if not first and c.prompt_ids[: len(state.history)] != state.history:
             state.ok = False
@@ -199,7 +259,7 @@ class OpenAICompatiblePolicy:
             prompt_ids=new if first else [],
             observation_ids=[] if first else new,
             response_ids=list(c.token_ids),
-            logprobs=list(c.logprobs),
+            logprobs=logprobs,
             info=info,
         )
 

@@ -87,7 +87,7 @@ def test_store_is_idempotent_per_episode(db: Database) -> None:
         row = s.get(RewardRecordRow, first.record_id)
         assert row is not None
         assert (row.status, row.exclude_from_loss, row.job_id) == ("ok", False, "job_1")
-        assert row.created_at == T0 and row.record["schema_version"] == "1"
+        assert row.created_at == T0 and row.record["schema_version"] == "2"
 
 
 def test_concurrent_stores_of_one_episode_keep_one_row(db: Database) -> None:
