@@ -34,6 +34,7 @@ from typing import Any
 
 from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
 from service.runtime.base import EndStateUnreadable, ExecRequest, SandboxRuntime
+from service.tasks.builds import classify
 from service.tasks.models import Task
 from service.verifiers import toolchain
 from service.verifiers.base import VerifierResult
@@ -282,6 +283,10 @@ def verify(
             reward_txt=files["reward.txt"],
             reward_json=files["reward.json"],
         )
+        if result.details.get("dodge") == "no_tests_observed":
+            offline = offline_reason(res.stdout + b"\n" + res.stderr)
+            if offline is not None:  # the tests could not fetch their tools: not a score
+                return _unscored(offline, t0, offline=True, private=private, **tampered)
         details = {
             **result.details,
             **tampered,
@@ -303,6 +308,25 @@ def verify(
     finally:
         for cid in created:
             (dispose or runtime.destroy)(cid)
+
+
+def offline_reason(output: bytes) -> str | None:
+    """Why tests that never ran could not: their output shows a network (or certificate)
+    failure, as a ``test.sh`` that installs its tools at verify time does where the verifier
+    has no network (``service.tasks.verifier_network``). None otherwise."""
+    kind = classify(output[-(1 << 20) :].decode("utf-8", "replace"))
+    if kind == "network":
+        return (
+            "verifier_offline: the tests failed to reach the network before any test ran "
+            "(installing their tools?); the verifier has no network unless the install sets "
+            "CRUCIBLE_VERIFIER_NETWORK and the task asks ([verifier] network = true)"
+        )
+    if kind == "tls":
+        return (
+            "verifier_tls: the tests could not verify a certificate before any test ran; "
+            "set CRUCIBLE_VERIFIER_CA_BUNDLE"
+        )
+    return None
 
 
 def verifier_env(check: TerminalCheck, pristine_before: int) -> dict[str, str]:

@@ -15,6 +15,7 @@ verification x what it writes x where) to every bundled terminal task.
 from __future__ import annotations
 
 import base64
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +288,59 @@ def test_a_script_the_tests_run_cannot_forge_through_the_shells_pipe(stack: Stac
     v = rec["verifier"]
     assert (rec["reward"], v["status"]) == (0.0, "ok"), v
     assert v["details"]["dodge"] == "tampered", v["details"]
+
+
+# Found by a second red-team trial (reward 1.0 on word-frequency-top20 and repair-ini-config):
+# names the standard library tries while pytest starts (``ntpath``: ``import nt``; ``copy``:
+# ``from org.python.core import ...``) exist only on other platforms, so a module the agent
+# put in the workdir under that name ran before the observer, took the session key and
+# wrote a passing session. Now nothing agent-written imports in the task's pytest process
+# until the observer has its key and pytest turns to the tests.
+EARLY_FORGE = r"""
+def _f():
+    import hashlib, hmac, json, os
+    p = "/logs/.crucible-observe.json"
+    try:
+        d = json.load(open(p))
+    except Exception:
+        return
+    os.unlink(p)
+    nonce, key, pid = d["nonce"], d["keys"][0].encode(), os.getpid()
+    def send(**f):
+        rec = {"k": nonce, "s": 0, "p": pid, **f}
+        body = json.dumps(rec, separators=(",", ":"), sort_keys=True)
+        rec["m"] = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        os.write(3, (json.dumps(rec, separators=(",", ":"), sort_keys=True) + "\n").encode())
+    send(e="start")
+    for i in range(N_TESTS):
+        send(e="test", id="test_outputs.py::test_%d" % i, o="passed")
+    send(e="test", id="test_outputs.py::test_x_edge2", o="passed", c="pass")
+    send(e="test", id="test_outputs.py::test_x_edge3", o="failed", c="fail")
+    send(e="end", exitstatus=0)
+    open("/logs/verifier/reward.json", "w").write('{"reward": 1.0}')
+try:
+    _f()
+except Exception:
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("task", "module"),
+    [
+        ("word-frequency-top20", "nt.py"),
+        ("repair-ini-config", "org/__init__.py"),
+        ("word-frequency-top20", "msvcrt.py"),
+        ("word-frequency-top20", "_winapi.py"),
+    ],
+)
+def test_modules_only_the_agent_provides_never_run_at_start_up(
+    stack: Stack, task: str, module: str
+) -> None:
+    ep = start(stack, task)
+    n = tomllib.loads((TASKS / task / "task.toml").read_text())["crucible"]["expected_tests"]
+    forge = EARLY_FORGE.replace("N_TESTS", str(n))  # exactly the count the task expects
+    sh(stack, ep, write_py(f"{ep['workdir'].rstrip('/')}/{module}", forge))
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+    assert rec["verifier"]["details"].get("dodge") != "tampered", rec["verifier"]["details"]

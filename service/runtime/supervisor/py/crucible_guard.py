@@ -17,6 +17,15 @@ Crucible's own read-only mount count as pristine. So ``pytest.py``, ``_pytest/``
 workdir, in any letter case or suffix Python's own finder accepts, never displace the
 toolchain; a module only the agent provides (``solution``, the package under test) still
 imports. Names that are not top-level (``pkg.sub``) follow their package's ``__path__``.
+
+Start-up is stricter. In the task's own pytest process, nothing agent-written may be
+imported until Crucible's observer plugin has taken its session key and pytest turns to the
+tests (``allow_agent_modules``, called from the plugin): before that, a name only the agent
+provides is refused as if absent. (A red-team trial planted ``/app/nt.py``: the standard
+library's ``ntpath`` tries ``import nt`` while pytest starts, and the agent's module ran
+before the plugin, took the key and wrote a passing session.) The plugin relaxes this for
+the processes the tests start (``CRUCIBLE_GUARD_RELAXED``), so a project's own test run
+or program imports its modules as usual.
 """
 
 from __future__ import annotations
@@ -26,6 +35,27 @@ import sys
 from importlib.machinery import PathFinder
 
 _TRUSTED_PREFIXES = ("/tests/", "/opt/crucible/")
+_PYTEST_NAMES = ("pytest", "py.test", "pytest-3")
+_state = {"strict": False}
+
+
+def _is_pytest_process() -> bool:
+    """True for ``pytest ...``, ``python -m pytest ...`` (``sys.orig_argv``: 3.10+) and the
+    like, judged from the command line before anything else runs."""
+    argv = list(getattr(sys, "orig_argv", None) or sys.argv or [])
+    for i, arg in enumerate(argv):
+        if arg == "-m" and i + 1 < len(argv):
+            return argv[i + 1].split(".")[0] in ("pytest", "py")
+        if arg.startswith("-m") and len(arg) > 2:
+            return arg[2:].split(".")[0] in ("pytest", "py")
+        if not arg.startswith("-") and os.path.basename(arg).startswith(_PYTEST_NAMES):
+            return True
+    return False
+
+
+def allow_agent_modules() -> None:
+    """End the start-up rule: agent-written modules import again (pristine still wins)."""
+    _state["strict"] = False
 
 
 def _threshold() -> int:
@@ -78,6 +108,11 @@ class PristineFirstFinder:
                 return spec if first_agent is not None else None
             if first_agent is None:
                 first_agent = spec
+        if first_agent is not None and _state["strict"]:
+            raise ModuleNotFoundError(
+                f"No module named {name!r} (agent-written; refused while the verifier starts)",
+                name=name,
+            )
         return None
 
     def invalidate_caches(self) -> None:
@@ -86,12 +121,15 @@ class PristineFirstFinder:
 
 def install() -> None:
     """Put the finder first on ``sys.meta_path`` once per process (no-op without a
-    threshold, i.e. outside a Crucible verification)."""
+    threshold, i.e. outside a Crucible verification), strict in a pytest process that is
+    not a descendant of the task's own run."""
     threshold = _threshold()
     if threshold <= 0:
         return
     if any(isinstance(f, PristineFirstFinder) for f in sys.meta_path):
         return
+    relaxed = os.environ.get("CRUCIBLE_GUARD_RELAXED") == "1"
+    _state["strict"] = not relaxed and _is_pytest_process()
     sys.meta_path.insert(0, PristineFirstFinder(threshold))
 
 

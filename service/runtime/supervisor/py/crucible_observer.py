@@ -84,6 +84,7 @@ def _take_channel():
         os.environ.pop("PYTEST_PLUGINS", None)
     if os.environ.pop("CRUCIBLE_RESTORE_AUTOLOAD", None) == "1":
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # nested runs behave as usual
+    os.environ["CRUCIBLE_GUARD_RELAXED"] = "1"  # what the tests start imports as usual
     try:
         if not stat.S_ISFIFO(os.fstat(_FD).st_mode):
             return None
@@ -246,6 +247,17 @@ def _pristine_plugins() -> list:
 _AUTOLOAD_OFF = bool(os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"))
 _CHANNEL = _take_channel()
 pytest_plugins = _pristine_plugins()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args) -> None:  # noqa: ANN001
+    """Pytest turns to the tests (their conftests first): the key is taken, so the import
+    guard's start-up rule ends here (``crucible_guard.allow_agent_modules``)."""
+    try:
+        import crucible_guard
+    except ImportError:
+        return
+    crucible_guard.allow_agent_modules()
 
 
 def pytest_configure(config) -> None:  # noqa: ANN001
