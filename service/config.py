@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -90,6 +91,63 @@ class Settings(BaseSettings):
     tasks_dir: Path = Field(
         Path(__file__).resolve().parent.parent / "tasks",
         description="Root of the task suites (one folder per suite).",
+    )
+    tasks_rescan_interval_s: float = Field(
+        1.0,
+        ge=0,
+        description="Suites are re-read from tasks_dir when its folders or task files "
+        "changed, checked at most this often (a task added after serve starts is found).",
+    )
+    image_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="FROM references of task Dockerfiles mapped to local images, e.g. "
+        '{"debian:bookworm-slim": "crucible/base:latest"} (JSON); merged over '
+        "image_aliases_file.",
+    )
+    image_aliases_file: Path | None = Field(
+        None, description='A TOML file of [aliases] "<FROM reference>" = "<local image>".'
+    )
+    build_ca_bundle: Path | None = Field(
+        None,
+        description="A PEM CA bundle on this host (e.g. /etc/ssl/certs/ca-certificates.crt) "
+        "that task builds see during their RUN steps (PIP_CERT, REQUESTS_CA_BUNDLE, "
+        "SSL_CERT_FILE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS); removed from the image after.",
+    )
+    build_pip_index_url: str | None = Field(
+        None, description="PIP_INDEX_URL (and UV_DEFAULT_INDEX) for task builds."
+    )
+    build_apt_mirror: str | None = Field(
+        None,
+        description="A Debian mirror URL replacing deb.debian.org in task builds' apt "
+        "sources (kept in the image).",
+    )
+    build_proxy: str | None = Field(
+        None, description="HTTP_PROXY and HTTPS_PROXY for task builds (not kept in the image)."
+    )
+    build_no_proxy: str | None = Field(None, description="NO_PROXY for task builds.")
+    build_attempts: int = Field(
+        3, ge=1, le=10, description="Attempts of a task build whose failure looks transient."
+    )
+    build_retry_delay_s: float = Field(2.0, ge=0, description="First delay between attempts.")
+    verifier_network: Literal["none", "bridge"] = Field(
+        "none",
+        description="The network a verifier sandbox may get (never the agent's): none, or "
+        "bridge (reach a package index or proxy; set it in verifier_env).",
+    )
+    verifier_network_tasks: Literal["asking", "all"] = Field(
+        "asking",
+        description="Which tasks' verifiers get verifier_network: those whose task.toml "
+        "asks ([verifier] network = true), or all.",
+    )
+    verifier_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of verifier sandboxes that get a network, e.g. "
+        '{"PIP_INDEX_URL": "...", "HTTPS_PROXY": "..."} (JSON).',
+    )
+    verifier_ca_bundle: Path | None = Field(
+        None,
+        description="A PEM CA bundle placed in verifier sandboxes that get a network, "
+        "named by PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE and CURL_CA_BUNDLE.",
     )
     keep_episode_snapshots: bool = Field(
         False, description="Keep each episode's final snapshot image after verification."

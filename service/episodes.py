@@ -11,6 +11,7 @@ record (``service.rewards``) stored once per episode.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from service.db.models import Episode, RewardRecordRow, Sandbox, WorkItem, utcno
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.pool import spec_for
+from service.tasks import verifier_network
 from service.tasks.models import Task
 from service.tasks.registry import template_name
 from service.templates import Template
@@ -268,7 +270,8 @@ def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:
     """A started, untouched container of the episode's pristine image: a warm one of the
     task's pool when the episode started from the task image (no prepared snapshot), else a
     new one."""
-    if ep.snapshot_id is None:
+    net = verifier_network.policy_for(ctx.settings, resolve_task(ctx, ep.task_id, ep.suite))
+    if ep.snapshot_id is None and net.network == "none":  # warm ones have the agent's network
         cid = ctx.pools.take_warm(
             template.name,
             image_id=ep.image_digest,
@@ -277,7 +280,12 @@ def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:
         if cid is not None:
             return cid
     spec = spec_for(template, new_id("vf"), ctx.settings.deployment, image=ep.image_digest)
-    return ctx.runtime.create(spec)
+    if net.network != "none":  # the verifier network policy: this sandbox only
+        spec = dataclasses.replace(spec, network=net.network, env={**spec.env, **net.env})
+    cid = ctx.runtime.create(spec)
+    if net.ca_bundle is not None:
+        verifier_network.place_ca(ctx.runtime, cid, net.ca_bundle)
+    return cid
 
 
 def verify(

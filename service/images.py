@@ -24,13 +24,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
+import tarfile
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,6 +44,8 @@ from typing import IO, Literal
 
 import docker
 import docker.errors
+import docker.utils.build
+import requests
 from docker.models.images import Image
 from rich.console import Console
 from rich.markup import escape
@@ -75,6 +81,8 @@ BUILD_CLIENT_TIMEOUT_S = 1800
 LABEL_IMAGE = "crucible.image"
 LABEL_CONTENT_HASH = "crucible.content_hash"
 LABEL_BASE = "crucible.base_image"
+
+REWRITTEN_DOCKERFILE = ".crucible-build/Dockerfile"  # service.tasks.buildprep writes it
 
 _ARG_BASE_RE = re.compile(r"^\s*ARG\s+BASE_IMAGE\s*=\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -372,8 +380,22 @@ def build_context(
     settings: Settings | None = None,
     progress: ProgressFn | None = None,
     client: docker.DockerClient | None = None,
+    dockerfile_text: str | None = None,
+    extra_files: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+    cancel: threading.Event | None = None,
+    unhashed_build_args: Mapping[str, str] | None = None,
 ) -> str:
     """Build an arbitrary context (e.g. a task's ``environment/``) on ``base_image``.
+
+    ``dockerfile_text`` replaces the context's Dockerfile and ``extra_files`` (name -> text)
+    are added to the context sent to the engine (``service.tasks.buildprep``); the files on
+    disk are never changed, and the content hash covers only the context as it is on disk
+    plus ``labels`` (which callers use to name what they added); ``unhashed_build_args``
+    (proxies, CA paths) reach the build without changing its tag. ``log_path``: where this
+    build's log goes (default ``<data_dir>/logs/images/<repo>-<hash>.log``). Setting
+    ``cancel`` closes the build's connection, which makes the engine stop the build;
+    ``BuildCancelled`` is raised.
 
     The Dockerfile receives the base as ``ARG BASE_IMAGE`` (the base's image id, so a
     concurrent re-tag cannot change what it builds on). The result is tagged
@@ -403,8 +425,25 @@ def build_context(
         settings=settings,
         client=client,
         emit=progress or (lambda _event: None),
+        dockerfile_text=dockerfile_text,
+        extra_files=dict(extra_files or {}),
+        log_path=log_path,
+        cancel=cancel,
+        unhashed_build_args=dict(unhashed_build_args or {}),
     )
     return result.tag
+
+
+def resolve_image_id(
+    ref: str, *, settings: Settings | None = None, client: docker.DockerClient | None = None
+) -> str:
+    """The id of a local image (one pull attempt when absent).
+
+    Raises ``ImageBuildError`` when it is neither present nor pullable, ``SandboxError`` when
+    the engine is unreachable.
+    """
+    client = client or _client(settings or get_settings())
+    return _resolve_external(client, ref).id
 
 
 def _build_docker_context(
@@ -422,6 +461,11 @@ def _build_docker_context(
     settings: Settings,
     client: docker.DockerClient,
     emit: ProgressFn,
+    dockerfile_text: str | None = None,
+    extra_files: dict[str, str] | None = None,
+    log_path: Path | None = None,
+    cancel: threading.Event | None = None,
+    unhashed_build_args: dict[str, str] | None = None,
 ) -> BuildResult:
     if not (context_dir / dockerfile).is_file():
         raise InvalidRequest(f"{context_dir}: no {dockerfile} in the build context")
@@ -450,17 +494,21 @@ def _build_docker_context(
             emit(BuildEvent(image=name, kind="done", message="cached", result=result))
             return result
         emit(BuildEvent(image=name, kind="start", message=f"building {tag} on {base_ref}"))
-        log_path = _log_path(settings, repository, digest)
+        log_path = log_path or _log_path(settings, repository, digest)
         all_labels = {**labels, LABEL_CONTENT_HASH: digest, LABEL_BASE: base_ref}
+        files = dict(extra_files or {})
+        if dockerfile_text is not None:
+            files[REWRITTEN_DOCKERFILE] = dockerfile_text
         image_id = _stream_build(
             client,
             name=name,
             log_path=log_path,
             emit=emit,
-            path=str(context_dir),
-            dockerfile=dockerfile,
+            cancel=cancel,
+            context=_context_archive(context_dir, dockerfile=dockerfile, extra_files=files),
+            dockerfile=REWRITTEN_DOCKERFILE if dockerfile_text is not None else dockerfile,
             tag=tag,
-            buildargs={**build_args, "BASE_IMAGE": base_id},
+            buildargs={**(unhashed_build_args or {}), **build_args, "BASE_IMAGE": base_id},
             labels=all_labels,
             nocache=force,
         )
@@ -479,19 +527,77 @@ def _build_docker_context(
     return result
 
 
+def _context_archive(
+    context_dir: Path, *, dockerfile: str, extra_files: Mapping[str, str]
+) -> IO[bytes]:
+    """The build context as a tar file (``.dockerignore`` applied, as the CLI does), with
+    ``extra_files`` added (mode 0644); the caller's files are never changed."""
+    ignore = context_dir / ".dockerignore"
+    patterns: list[str] = []
+    if ignore.is_file():
+        lines = ignore.read_text(encoding="utf-8", errors="replace").splitlines()
+        patterns = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    files = sorted(docker.utils.build.exclude_paths(str(context_dir), patterns, dockerfile))
+    archive = tempfile.TemporaryFile()  # noqa: SIM115 (returned; closed by the caller)
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for rel in files:
+            if rel in extra_files:
+                continue
+            info = tar.gettarinfo(str(context_dir / rel), arcname=rel)
+            if info is None:  # a socket
+                continue
+            if info.isfile():
+                with (context_dir / rel).open("rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                tar.addfile(info)
+        for name, text in sorted(extra_files.items()):
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    archive.seek(0)
+    return archive
+
+
+class BuildCancelled(ImageBuildError):
+    """The build was cancelled (its connection closed; the engine stopped it)."""
+
+    title = "Image build cancelled"
+
+
 def _stream_build(
     client: docker.DockerClient,
     *,
     name: str,
     log_path: Path,
     emit: ProgressFn,
-    **build_kwargs: object,
+    context: IO[bytes],
+    cancel: threading.Event | None = None,
+    **params: object,
 ) -> str:
-    """Run ``docker build`` through the API, teeing its log to ``log_path`` and ``emit``."""
+    """Run ``POST /build`` with ``context``, teeing its log to ``log_path`` and ``emit``.
+
+    The log file is flushed line by line (it can be read while the build runs). When
+    ``cancel`` is set, the connection is shut down: the engine cancels a build whose client
+    went away, and ``BuildCancelled`` is raised.
+    """
     tail: deque[str] = deque(maxlen=15)
     image_id: str | None = None
     pending = ""
-    with log_path.open("w", encoding="utf-8") as log:
+    api = client.api
+    query = {
+        "t": params["tag"],
+        "dockerfile": params["dockerfile"],
+        "rm": True,
+        "forcerm": True,
+        "pull": False,
+        "nocache": bool(params.get("nocache")),
+        "buildargs": json.dumps(params.get("buildargs") or {}),
+        "labels": json.dumps(params.get("labels") or {}),
+    }
+    done = threading.Event()
+    with log_path.open("w", encoding="utf-8") as log, context:
 
         def line_out(line: str) -> None:
             line = line.rstrip()
@@ -500,10 +606,25 @@ def _stream_build(
                 emit(BuildEvent(image=name, kind="log", message=line))
 
         try:
-            stream = client.api.build(
-                rm=True, forcerm=True, pull=False, decode=True, **build_kwargs
+            headers = {"Content-Type": "application/tar"}
+            api._set_auth_headers(headers)
+            response = api._post(
+                api._url("/build"),
+                data=context,
+                params=query,
+                headers=headers,
+                stream=True,
+                timeout=None,
             )
-            for chunk in stream:
+            if cancel is not None:
+                threading.Thread(
+                    target=_close_on_cancel,
+                    args=(api, response, cancel, done),
+                    daemon=True,
+                    name=f"build-cancel-{name}",
+                ).start()
+            api._raise_for_status(response)
+            for chunk in api._stream_helper(response, decode=True):
                 if "error" in chunk:
                     log.write(f"ERROR: {chunk['error']}\n")
                     line_out(pending)
@@ -514,6 +635,7 @@ def _stream_build(
                 text = chunk.get("stream") or chunk.get("status") or ""
                 if text:
                     log.write(text if chunk.get("stream") else text + "\n")
+                    log.flush()
                     pending += text if chunk.get("stream") else text + "\n"
                     *lines, pending = pending.split("\n")
                     for line in lines:
@@ -522,12 +644,23 @@ def _stream_build(
                 if isinstance(aux, dict) and "ID" in aux:
                     image_id = aux["ID"]
             line_out(pending)
-        except docker.errors.DockerException as exc:
+            if cancel is not None and cancel.is_set():
+                raise BuildCancelled(f"building {name} was cancelled", log_path=log_path)
+        except (
+            docker.errors.DockerException,
+            requests.exceptions.RequestException,
+            OSError,
+        ) as exc:
+            if cancel is not None and cancel.is_set():
+                log.write("CANCELLED\n")
+                raise BuildCancelled(f"building {name} was cancelled", log_path=log_path) from exc
             raise ImageBuildError(
                 _failure(name, str(exc), tail, log_path), log_path=log_path
             ) from exc
+        finally:
+            done.set()
     if image_id is None:
-        tag = str(build_kwargs["tag"])
+        tag = str(params["tag"])
         image = _get_image(client, tag)
         if image is None:
             raise ImageBuildError(
@@ -535,6 +668,24 @@ def _stream_build(
             )
         image_id = image.id
     return image_id
+
+
+def _close_on_cancel(
+    api: docker.APIClient, response: object, cancel: threading.Event, done: threading.Event
+) -> None:
+    """Wait for ``cancel`` (or the build's end); on cancel shut the response's socket down,
+    which wakes the reader and tells the engine the client went away."""
+    while not done.is_set():
+        if cancel.wait(0.2):
+            break
+    if done.is_set():
+        return
+    with contextlib.suppress(Exception):
+        raw = api._get_raw_response_socket(response)
+        sock = getattr(raw, "_sock", raw)
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        response.close()  # type: ignore[attr-defined]
 
 
 def _failure(name: str, reason: str, tail: Sequence[str], log_path: Path) -> str:

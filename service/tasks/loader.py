@@ -258,6 +258,7 @@ def _load_harbor(task_dir: Path, *, task_id: str, suite: str, notes: list[str]) 
         test_script=test_script_or_none,
         test_command=f"bash {TESTS_MOUNT}/test.sh" if test_script_or_none else None,
         test_env=dict(config.verifier.env),
+        verifier_network=config.verifier.network,
         reward_source="reward_file",
         verifier=verifier,
         verifier_settings=dict(crucible.settings),

@@ -103,10 +103,15 @@ class HarborAgentSection(_Table):
 
 
 class HarborVerifierSection(_Table):
-    """``[verifier]``: ``timeout_sec`` bounds ``tests/test.sh``; ``env`` is passed to it."""
+    """``[verifier]``: ``timeout_sec`` bounds ``tests/test.sh``; ``env`` is passed to it.
+
+    ``network`` (Crucible's): the verifier, never the agent, asks for the install's
+    verifier network (``CRUCIBLE_VERIFIER_NETWORK``) so a ``test.sh`` can install its tools.
+    """
 
     timeout_sec: float = Field(HARBOR_VERIFIER_TIMEOUT_S, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+    network: bool = False
 
 
 class HarborEnvironmentSection(_Table):
@@ -265,8 +270,9 @@ class Task(BaseModel):
     float, or ``reward.json`` a dict of floats) or ``exit_code`` (TB1, which has no reward
     file: exit status 0 is reward 1.0, anything else 0.0; the pytest ``-rA`` summary in the
     output gives the per-test counts that ``expected_tests`` is checked against).
-    ``pass_threshold``: a reward at or above it counts as passed. ``verifier`` and
-    ``verifier_settings`` select and configure the verifier.
+    ``verifier_network``: the task asks for the install's verifier network
+    (``[verifier] network = true``). ``pass_threshold``: a reward at or above it counts as
+    passed. ``verifier`` and ``verifier_settings`` select and configure the verifier.
 
     ``solution_path`` is the oracle script (None when the task has none Crucible can run);
     ``notes`` lists what the loader accepted but ignored or could not honour.
@@ -289,6 +295,7 @@ class Task(BaseModel):
     test_script: Path | None
     test_command: str | None
     test_env: dict[str, str] = Field(default_factory=dict)
+    verifier_network: bool = False
     reward_source: RewardSource
     verifier: str
     verifier_settings: dict[str, Any] = Field(default_factory=dict)

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
+import os
 import re
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import docker
 
-from service.config import Settings
+from service.config import Settings, get_settings
 from service.errors import InvalidRequest, NotFound
-from service.images import ProgressFn, build_context
+from service.images import ProgressFn, build_context, resolve_image_id
+from service.tasks.buildprep import BuildSettings, PreparedDockerfile, from_references, prepare
+from service.tasks.builds import BuildTracker
 from service.tasks.loader import discover_suites
 from service.tasks.models import DOMAINS, Suite, Task
 from service.templates import Template
@@ -76,6 +81,31 @@ def template_for(task: Task, image: str) -> Template:
     )
 
 
+def _signature(root: Path) -> tuple[tuple[str, int], ...]:
+    """Modification times of the root, each suite folder, each task folder and the files
+    directly in a task folder (``task.toml``, ``instruction.md``...): what a new, removed or
+    edited task changes. Stat calls only."""
+    out: list[tuple[str, int]] = []
+    try:
+        out.append((".", root.stat().st_mtime_ns))
+        for suite in sorted(os.scandir(root), key=lambda e: e.name):
+            if not suite.is_dir():
+                continue
+            out.append((suite.name, suite.stat().st_mtime_ns))
+            for task in sorted(os.scandir(suite.path), key=lambda e: e.name):
+                if not task.is_dir():
+                    continue
+                out.append((f"{suite.name}/{task.name}", task.stat().st_mtime_ns))
+                for entry in sorted(os.scandir(task.path), key=lambda e: e.name):
+                    if entry.is_file():
+                        out.append(
+                            (f"{suite.name}/{task.name}/{entry.name}", entry.stat().st_mtime_ns)
+                        )
+    except OSError:
+        pass
+    return tuple(out)
+
+
 class TaskRegistry:
     """Thread-safe holder of loaded suites, with per-process caching of task images.
 
@@ -94,6 +124,12 @@ class TaskRegistry:
     ) -> None:
         self._lock = threading.Lock()
         self._suites: dict[str, Suite] = {}
+        self._root: Path | None = None
+        self._root_suites: set[str] = set()
+        self._root_signature: tuple[tuple[str, int], ...] = ()
+        self._checked_at = 0.0
+        self._rescan_lock = threading.Lock()
+        self._tracker: BuildTracker | None = None
         self._images: dict[tuple[str, str, str], str] = {}
         self._build_locks: dict[tuple[str, str, str], threading.Lock] = {}
         self.image_prefix = image_prefix
@@ -117,7 +153,40 @@ class TaskRegistry:
         Raises ``TaskFormatError`` as ``discover_suites`` does.
         """
         suites = discover_suites(root, collect_errors=collect_errors)
-        return cls(suites, image_prefix=image_prefix, settings=settings, client=client)
+        registry = cls(suites, image_prefix=image_prefix, settings=settings, client=client)
+        registry._root = Path(root)
+        registry._root_suites = {s.name for s in suites}
+        registry._root_signature = _signature(Path(root))
+        registry._checked_at = time.monotonic()
+        return registry
+
+    # ----------------------------------------------------------------------- re-reading
+
+    def rescan(self, *, force: bool = False) -> bool:
+        """Re-read the suites of the root folder when its folders or task files changed
+        (a cheap stat walk, at most every ``tasks_rescan_interval_s`` unless ``force``).
+        Suites added with ``add_suite`` stay. Returns whether anything was re-read."""
+        if self._root is None:
+            return False
+        interval = self._effective_settings().tasks_rescan_interval_s
+        now = time.monotonic()
+        if not force and now - self._checked_at < interval:
+            return False
+        with self._rescan_lock:
+            self._checked_at = time.monotonic()
+            signature = _signature(self._root)
+            if signature == self._root_signature:
+                return False
+            suites = discover_suites(self._root, collect_errors=True)
+            with self._lock:
+                for name in self._root_suites - {s.name for s in suites}:
+                    self._suites.pop(name, None)
+                for suite in suites:
+                    self._suites[suite.name] = suite
+                self._root_suites = {s.name for s in suites}
+                self._images.clear()
+            self._root_signature = signature
+            return True
 
     # ----------------------------------------------------------------------- suites and tasks
 
@@ -127,12 +196,14 @@ class TaskRegistry:
             self._suites[suite.name] = suite
 
     def suites(self) -> builtins.list[Suite]:
-        """All suites, sorted by name."""
+        """All suites, sorted by name (re-read first when the root folder changed)."""
+        self.rescan()
         with self._lock:
             return [self._suites[name] for name in sorted(self._suites)]
 
     def suite(self, name: str) -> Suite:
-        """The suite; ``NotFound`` (field ``suite``) when unknown."""
+        """The suite; ``NotFound`` (field ``suite``) when unknown (after a re-read)."""
+        self.rescan()
         with self._lock:
             found = self._suites.get(name)
             known = sorted(self._suites)
@@ -150,6 +221,8 @@ class TaskRegistry:
             suite, task_id = task_id.split("/", 1)
         if suite is not None:
             found = self.suite(suite).get(task_id)
+            if found is None and self.rescan():
+                found = self.suite(suite).get(task_id)
             if found is None:
                 raise NotFound(f"unknown task {task_id!r} in suite {suite!r}", field="task_id")
             return found
@@ -210,26 +283,81 @@ class TaskRegistry:
             build_lock = self._build_locks.setdefault(key, threading.Lock())
         if cached is not None:
             return cached
+        settings = self._effective_settings()
+        prepared = self._prepare(task, context_dir)
+        digest = hashlib.sha256(
+            json.dumps(
+                [task.key, task.version, base_image, prepared.text, prepared.labels]
+            ).encode()
+        ).hexdigest()
+        tracker = self.builds()
+        running = tracker.running_for(digest)
+        if running is not None:
+            tracker.join(running)  # this requester keeps the running build alive
         with build_lock:
             with self._lock:
                 cached = None if force else self._images.get(key)
             if cached is not None:
                 return cached  # another thread built it while this one waited
-            tag = build_context(
-                context_dir,
+
+            def attempt(log_path: Path, cancel: threading.Event) -> str:
+                return build_context(
+                    context_dir,
+                    repository=image_repository(task, prefix=self.image_prefix),
+                    base_image=base_image,
+                    build_args={"BASE_IMAGE": base_image},
+                    unhashed_build_args=prepared.build_args,
+                    dockerfile=task.environment.dockerfile,
+                    dockerfile_text=prepared.text,
+                    extra_files=prepared.files,
+                    labels={LABEL_TASK: task.key, **prepared.labels},
+                    force=force,
+                    settings=settings,
+                    progress=progress,
+                    client=self._client,
+                    log_path=log_path,
+                    cancel=cancel,
+                )
+
+            tag = tracker.run(
+                task=task.key,
                 repository=image_repository(task, prefix=self.image_prefix),
-                base_image=base_image,
-                build_args={"BASE_IMAGE": base_image},
-                dockerfile=task.environment.dockerfile,
-                labels={LABEL_TASK: task.key},
-                force=force,
-                settings=self._settings,
-                progress=progress,
-                client=self._client,
+                digest=digest,
+                attempt_fn=attempt,
             )
             with self._lock:
                 self._images[key] = tag
         return tag
+
+    def _prepare(self, task: Task, context_dir: Path) -> PreparedDockerfile:
+        """The task's Dockerfile rewritten for this install's aliases and build settings."""
+        dockerfile = context_dir / task.environment.dockerfile
+        try:
+            text = dockerfile.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"task {task.key}: {dockerfile}: {e}", field="task_id") from e
+        build_settings = BuildSettings.from_settings(self._effective_settings())
+        alias_ids = {
+            ref: resolve_image_id(build_settings.aliases[ref], client=self._client)
+            for ref in from_references(text)
+            if ref in build_settings.aliases
+        }
+        return prepare(text, settings=build_settings, alias_ids=alias_ids)
+
+    def builds(self) -> BuildTracker:
+        """The task-build tracker of this registry (attempts, logs, cancellation)."""
+        with self._lock:
+            if self._tracker is None:
+                settings = self._effective_settings()
+                self._tracker = BuildTracker(
+                    (settings.data_dir / "logs" / "builds").resolve(),
+                    attempts=settings.build_attempts,
+                    retry_delay_s=settings.build_retry_delay_s,
+                )
+            return self._tracker
+
+    def _effective_settings(self) -> Settings:
+        return self._settings or get_settings()
 
     def cached_image(self, task: Task, *, base_image: str) -> str | None:
         """The tag ``ensure_image`` would return without building, or None."""
