@@ -18,17 +18,33 @@ heartbeats, file uploads, cancellation, and the keyed calls (lease, episode star
 verification, job creation, claim, complete), which carry one ``Idempotency-Key`` across
 their retries so a replay gets the first answer. Exec is never retried: a command would run
 twice. Problems become typed exceptions (``policy_client.errors``).
+
+Streaming exec: ``exec_stream`` yields ``ExecChunk``s (``stream`` ``stdout``/``stderr``,
+``data``) as the command writes, then its ``ExecOut``; ``exec(..., on_stdout=f,
+on_stderr=g)`` calls back per chunk and returns the ``ExecOut``. ``Sandbox`` (and
+``AsyncSandbox``) bind a sandbox: ``exec``/``exec_stream``, files, ``snapshot``, ``fork``
+(a context manager over the forks, released on exit), ``heartbeat``, ``release``, and an
+opt-in ``keepalive(every_s)`` that heartbeats in the background until release.
+
+    with client.sandbox("terminal", keepalive_s=20) as sb:
+        sb.exec("make", on_stdout=print)
+        with sb.fork(4) as forks:
+            results = [f.exec("pytest -q") for f in forks]
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import httpx
 
@@ -55,6 +71,32 @@ from service.schemas import (
 )
 
 RETRY_STATUSES = (502, 503)
+OnOutput = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class ExecChunk:
+    """Output a streaming exec received: ``data`` (UTF-8 text, invalid bytes replaced) on
+    ``stream``; ``data_b64`` the raw bytes in base64 when asked with ``output_b64``."""
+
+    stream: Literal["stdout", "stderr"]
+    data: str
+    data_b64: str | None = None
+
+
+def _stream_item(line: bytes | str) -> ExecChunk | ExecOut:
+    doc = json.loads(line)
+    if doc.get("type") == "result":
+        return ExecOut.model_validate(doc["result"])
+    return ExecChunk(doc["type"], doc.get("data", ""), doc.get("data_b64"))
+
+
+def _deliver(item: ExecChunk, on_stdout: OnOutput | None, on_stderr: OnOutput | None) -> None:
+    callback = on_stdout if item.stream == "stdout" else on_stderr
+    if callback is not None:
+        callback(item.data)
+
+
 MAX_BACKOFF_S = 5.0
 DEFAULT_RETRY_DEADLINE_S = 90.0
 
@@ -169,13 +211,18 @@ class Client(_Base):
             attempt += 1
 
     @contextmanager
-    def sandbox(self, template: str, **lease_options: Any) -> Iterator[Sandbox]:
-        """Lease a sandbox for the ``with`` block; it is released on exit."""
-        sb = self.lease(template, **lease_options)
+    def sandbox(
+        self, template: str, *, keepalive_s: float | None = None, **lease_options: Any
+    ) -> Iterator[Sandbox]:
+        """Lease a sandbox for the ``with`` block; it is released on exit. ``keepalive_s``:
+        heartbeat it every that many seconds while the block runs (off by default)."""
+        sb = Sandbox(self, self.lease(template, **lease_options))
+        if keepalive_s:
+            sb.keepalive(keepalive_s)
         try:
-            yield Sandbox(self, sb)
+            yield sb
         finally:
-            self.release(sb.id)
+            sb.release()
 
     # -- sandboxes --------------------------------------------------------------------------
 
@@ -211,12 +258,54 @@ class Client(_Base):
         return self.run(calls.release(sandbox_id))
 
     def exec(
-        self, sandbox_id: str, cmd: str | list[str], *, timeout_s: float = 60.0, **options: Any
+        self,
+        sandbox_id: str,
+        cmd: str | list[str],
+        *,
+        timeout_s: float = 60.0,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+        **options: Any,
     ) -> ExecOut:
-        """Run a command (options: cwd, env, stdin, max_output_bytes, output_b64)."""
-        return self.run(
-            calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options), timeout_s=timeout_s + 30
-        )
+        """Run a command (options: cwd, env, stdin, max_output_bytes, output_b64). With
+        ``on_stdout``/``on_stderr`` it streams, calling them with each chunk of text."""
+        if on_stdout is None and on_stderr is None:
+            return self.run(
+                calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options),
+                timeout_s=timeout_s + 30,
+            )
+        for item in self.exec_stream(sandbox_id, cmd, timeout_s=timeout_s, **options):
+            if isinstance(item, ExecOut):
+                return item
+            _deliver(item, on_stdout, on_stderr)
+        raise TransportError("the exec stream ended without a result")
+
+    def exec_stream(
+        self, sandbox_id: str, cmd: str | list[str], *, timeout_s: float = 60.0, **options: Any
+    ) -> Iterator[ExecChunk | ExecOut]:
+        """Run a command, yielding its output as it comes (``ExecChunk``), then its
+        ``ExecOut``. Never retried (the command would run twice).
+
+        Raises:
+            TransportError: the connection broke. APIError (typed): the server refused.
+        """
+        call = calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options)
+        try:
+            with self._http.stream(
+                "POST",
+                call.path,
+                json=call.json,
+                params={"stream": "true"},
+                timeout=timeout_s + 30,
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise_for_problem(response)
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield _stream_item(line)
+        except httpx.TransportError as e:
+            raise TransportError(f"POST {call.path}?stream=true: {e}") from e
 
     def put_file(self, sandbox_id: str, path: str, data: bytes, *, tar: bool = False) -> FileOut:
         """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
@@ -393,14 +482,26 @@ class Client(_Base):
 
 
 class Sandbox:
-    """A leased sandbox bound to a sync client (``info``: its ``SandboxOut``)."""
+    """A leased sandbox bound to a sync client (``info``: its ``SandboxOut``). A context
+    manager: ``with`` releases it on exit."""
 
     def __init__(self, client: Client, info: SandboxOut) -> None:
         self.client, self.info, self.id = client, info, info.id
+        self._stop: threading.Event | None = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def exec(self, cmd: str | list[str], **options: Any) -> ExecOut:
-        """Run a command in this sandbox."""
+        """Run a command in this sandbox (``on_stdout``/``on_stderr`` stream it)."""
         return self.client.exec(self.id, cmd, **options)
+
+    def exec_stream(self, cmd: str | list[str], **options: Any) -> Iterator[ExecChunk | ExecOut]:
+        """Run a command, yielding ``ExecChunk``s as it writes, then its ``ExecOut``."""
+        return self.client.exec_stream(self.id, cmd, **options)
 
     def put(self, path: str, data: bytes, *, tar: bool = False) -> FileOut:
         """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
@@ -409,6 +510,59 @@ class Sandbox:
     def get(self, path: str) -> bytes:
         """Download ``path`` (a file's bytes, or a tar of a directory)."""
         return self.client.get_file(self.id, path)
+
+    def snapshot(self) -> SnapshotOut:
+        """Snapshot this sandbox's filesystem (``client.delete_snapshot`` frees it)."""
+        return self.client.snapshot(self.id)
+
+    @contextmanager
+    def fork(self, n: int, *, ttl_s: int | None = None) -> Iterator[list[Sandbox]]:
+        """Snapshot this sandbox and start ``n`` sandboxes from it for the ``with`` block;
+        on exit the forks are released and the snapshot deleted."""
+        snap = self.snapshot()
+        try:
+            forks = [
+                Sandbox(self.client, sb)
+                for sb in self.client.fork(snap.id, n, ttl_s=ttl_s).sandboxes
+            ]
+            try:
+                yield forks
+            finally:
+                for f in forks:
+                    f.release()
+        finally:
+            self.client.delete_snapshot(snap.id)
+
+    def heartbeat(self, *, ttl_s: int | None = None) -> SandboxOut:
+        """Extend the TTL (to ``ttl_s`` seconds from now, or the lease's TTL)."""
+        self.info = self.client.heartbeat(self.id, ttl_s=ttl_s)
+        return self.info
+
+    def keepalive(self, every_s: float, *, ttl_s: int | None = None) -> None:
+        """Heartbeat every ``every_s`` seconds in a daemon thread until ``release`` (a failed
+        beat is retried at the next tick; a sandbox gone ends the loop)."""
+        if self._stop is not None:
+            return
+        stop = self._stop = threading.Event()
+
+        def beat() -> None:
+            from policy_client.errors import ConflictError, NotFoundError
+
+            while not stop.wait(every_s):
+                try:
+                    self.client.heartbeat(self.id, ttl_s=ttl_s)
+                except (ConflictError, NotFoundError):
+                    return
+                except Exception:  # noqa: BLE001, S112 - the next tick retries
+                    continue
+
+        threading.Thread(target=beat, name=f"keepalive-{self.id}", daemon=True).start()
+
+    def release(self) -> SandboxOut:
+        """Stop any keepalive and release (destroy) the sandbox; twice is fine."""
+        if self._stop is not None:
+            self._stop.set()
+        return self.client.release(self.id)
 
 
 class AsyncClient(_Base):
@@ -475,13 +629,18 @@ class AsyncClient(_Base):
             attempt += 1
 
     @asynccontextmanager
-    async def sandbox(self, template: str, **lease_options: Any) -> AsyncIterator[AsyncSandbox]:
-        """Lease a sandbox for the ``async with`` block; released on exit."""
-        sb = await self.lease(template, **lease_options)
+    async def sandbox(
+        self, template: str, *, keepalive_s: float | None = None, **lease_options: Any
+    ) -> AsyncIterator[AsyncSandbox]:
+        """Lease a sandbox for the ``async with`` block; released on exit. ``keepalive_s``:
+        heartbeat it every that many seconds while the block runs (off by default)."""
+        sb = AsyncSandbox(self, await self.lease(template, **lease_options))
+        if keepalive_s:
+            sb.keepalive(keepalive_s)
         try:
-            yield AsyncSandbox(self, sb)
+            yield sb
         finally:
-            await self.release(sb.id)
+            await sb.release()
 
     # -- sandboxes --------------------------------------------------------------------------
 
@@ -517,12 +676,57 @@ class AsyncClient(_Base):
         return await self.run(calls.release(sandbox_id))
 
     async def exec(
-        self, sandbox_id: str, cmd: str | list[str], *, timeout_s: float = 60.0, **options: Any
+        self,
+        sandbox_id: str,
+        cmd: str | list[str],
+        *,
+        timeout_s: float = 60.0,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+        **options: Any,
     ) -> ExecOut:
-        """Run a command (options: cwd, env, stdin, max_output_bytes, output_b64)."""
-        return await self.run(
-            calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options), timeout_s=timeout_s + 30
-        )
+        """Run a command (options: cwd, env, stdin, max_output_bytes, output_b64). With
+        ``on_stdout``/``on_stderr`` it streams, calling them with each chunk of text (a
+        callback returning an awaitable is awaited)."""
+        if on_stdout is None and on_stderr is None:
+            return await self.run(
+                calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options),
+                timeout_s=timeout_s + 30,
+            )
+        async for item in self.exec_stream(sandbox_id, cmd, timeout_s=timeout_s, **options):
+            if isinstance(item, ExecOut):
+                return item
+            callback = on_stdout if item.stream == "stdout" else on_stderr
+            if callback is not None and asyncio.iscoroutine(got := callback(item.data)):
+                await got
+        raise TransportError("the exec stream ended without a result")
+
+    async def exec_stream(
+        self, sandbox_id: str, cmd: str | list[str], *, timeout_s: float = 60.0, **options: Any
+    ) -> AsyncIterator[ExecChunk | ExecOut]:
+        """Run a command, yielding its output as it comes (``ExecChunk``), then its
+        ``ExecOut``. Never retried (the command would run twice).
+
+        Raises:
+            TransportError: the connection broke. APIError (typed): the server refused.
+        """
+        call = calls.exec_(sandbox_id, cmd, timeout_s=timeout_s, **options)
+        try:
+            async with self._http.stream(
+                "POST",
+                call.path,
+                json=call.json,
+                params={"stream": "true"},
+                timeout=timeout_s + 30,
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise_for_problem(response)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield _stream_item(line)
+        except httpx.TransportError as e:
+            raise TransportError(f"POST {call.path}?stream=true: {e}") from e
 
     async def put_file(
         self, sandbox_id: str, path: str, data: bytes, *, tar: bool = False
@@ -705,14 +909,28 @@ class AsyncClient(_Base):
 
 
 class AsyncSandbox:
-    """A leased sandbox bound to an async client (``info``: its ``SandboxOut``)."""
+    """A leased sandbox bound to an async client (``info``: its ``SandboxOut``). An async
+    context manager: ``async with`` releases it on exit."""
 
     def __init__(self, client: AsyncClient, info: SandboxOut) -> None:
         self.client, self.info, self.id = client, info, info.id
+        self._keepalive: asyncio.Task | None = None
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
 
     async def exec(self, cmd: str | list[str], **options: Any) -> ExecOut:
-        """Run a command in this sandbox."""
+        """Run a command in this sandbox (``on_stdout``/``on_stderr`` stream it)."""
         return await self.client.exec(self.id, cmd, **options)
+
+    def exec_stream(
+        self, cmd: str | list[str], **options: Any
+    ) -> AsyncIterator[ExecChunk | ExecOut]:
+        """Run a command, yielding ``ExecChunk``s as it writes, then its ``ExecOut``."""
+        return self.client.exec_stream(self.id, cmd, **options)
 
     async def put(self, path: str, data: bytes, *, tar: bool = False) -> FileOut:
         """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
@@ -721,3 +939,55 @@ class AsyncSandbox:
     async def get(self, path: str) -> bytes:
         """Download ``path`` (a file's bytes, or a tar of a directory)."""
         return await self.client.get_file(self.id, path)
+
+    async def snapshot(self) -> SnapshotOut:
+        """Snapshot this sandbox's filesystem (``client.delete_snapshot`` frees it)."""
+        return await self.client.snapshot(self.id)
+
+    @asynccontextmanager
+    async def fork(self, n: int, *, ttl_s: int | None = None) -> AsyncIterator[list[AsyncSandbox]]:
+        """Snapshot this sandbox and start ``n`` sandboxes from it for the ``async with``
+        block; on exit the forks are released and the snapshot deleted."""
+        snap = await self.snapshot()
+        try:
+            out = await self.client.fork(snap.id, n, ttl_s=ttl_s)
+            forks = [AsyncSandbox(self.client, sb) for sb in out.sandboxes]
+            try:
+                yield forks
+            finally:
+                await asyncio.gather(*(f.release() for f in forks))
+        finally:
+            await self.client.delete_snapshot(snap.id)
+
+    async def heartbeat(self, *, ttl_s: int | None = None) -> SandboxOut:
+        """Extend the TTL (to ``ttl_s`` seconds from now, or the lease's TTL)."""
+        self.info = await self.client.heartbeat(self.id, ttl_s=ttl_s)
+        return self.info
+
+    def keepalive(self, every_s: float, *, ttl_s: int | None = None) -> None:
+        """Heartbeat every ``every_s`` seconds in a task until ``release`` (a failed beat is
+        retried at the next tick; a sandbox gone ends the loop)."""
+        if self._keepalive is not None:
+            return
+
+        async def beat() -> None:
+            from policy_client.errors import ConflictError, NotFoundError
+
+            while True:
+                await asyncio.sleep(every_s)
+                try:
+                    await self.client.heartbeat(self.id, ttl_s=ttl_s)
+                except (ConflictError, NotFoundError):
+                    return
+                except Exception:  # noqa: BLE001, S112 - the next tick retries
+                    continue
+
+        self._keepalive = asyncio.get_running_loop().create_task(beat())
+
+    async def release(self) -> SandboxOut:
+        """Stop any keepalive and release (destroy) the sandbox; twice is fine."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+        return await self.client.release(self.id)

@@ -4,11 +4,22 @@ ClientError                    any failure talking to Crucible
 ├── TransportError             the server could not be reached (after retries)
 └── APIError                   the server answered with a problem (``status``, ``field``)
     ├── BadRequest             400, 413, 422
+    │   ├── PathOutsideRoot    400 a path or tar member escapes the allowed root
+    │   ├── QuotaNeverFits     400 asks more than the whole quota (retrying cannot help)
+    │   ├── PayloadTooLarge    413 body above the server's limit
+    │   └── TaskFormatError    422 a task folder is malformed
     ├── Unauthorized           401, 403
+    │   └── Forbidden          403 the key lacks the scope
     ├── NotFoundError          404
     ├── ConflictError          409
     ├── QuotaError             429 (``retry_after_s``)
     └── ServerError            5xx
+        ├── SandboxError       502 the sandbox runtime failed
+        │   └── CapacityError  503 no sandbox could be started
+        └── VerifierError      502 the verifier crashed or timed out
+
+Each server problem (``service.errors``) maps to the class of the same name, by its status and
+``title`` (``tests/unit/test_client_errors.py`` fails if one goes unmapped).
 """
 
 from __future__ import annotations
@@ -68,12 +79,55 @@ class ServerError(APIError):
     """The server failed (5xx)."""
 
 
+class PathOutsideRoot(BadRequest):
+    """A file path, tar member or link target resolves outside the allowed root."""
+
+
+class QuotaNeverFits(BadRequest):
+    """The request needs more than the tenant's whole quota: a retry cannot succeed."""
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body is above the server's limit."""
+
+
+class TaskFormatError(BadRequest):
+    """A task folder is malformed (``detail`` names the file and the field)."""
+
+
+class Forbidden(Unauthorized):
+    """The API key is valid but lacks the scope the route needs."""
+
+
+class SandboxError(ServerError):
+    """The sandbox runtime failed (Docker error, container vanished)."""
+
+
+class CapacityError(SandboxError):
+    """No sandbox could be provided right now (retried by the client like any 503)."""
+
+
+class VerifierError(ServerError):
+    """The verifier itself failed: an infrastructure error, never a reward of 0."""
+
+
+_BY_TITLE: dict[tuple[int, str], type[APIError]] = {
+    (400, "Path outside the allowed root"): PathOutsideRoot,
+    (400, "Request exceeds the quota"): QuotaNeverFits,
+    (413, "Payload too large"): PayloadTooLarge,
+    (422, "Malformed task"): TaskFormatError,
+    (403, "Forbidden"): Forbidden,
+    (502, "Sandbox runtime error"): SandboxError,
+    (503, "No capacity"): CapacityError,
+    (502, "Verifier error"): VerifierError,
+}
+
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequest,
     413: BadRequest,
     422: BadRequest,
     401: Unauthorized,
-    403: Unauthorized,
+    403: Forbidden,
     404: NotFoundError,
     409: ConflictError,
     429: QuotaError,
@@ -88,12 +142,15 @@ def raise_for_problem(response: httpx.Response) -> None:
         body = response.json()
     except ValueError:
         body = {"title": response.reason_phrase, "detail": response.text[:500]}
-    cls = _BY_STATUS.get(
+    title = str(body.get("title", "")) if isinstance(body, dict) else ""
+    if not isinstance(body, dict):
+        body = {"detail": str(body)[:500]}
+    cls = _BY_TITLE.get((response.status_code, title)) or _BY_STATUS.get(
         response.status_code, ServerError if response.status_code >= 500 else APIError
     )
     err = cls(
         response.status_code,
-        str(body.get("title", "")),
+        title,
         str(body.get("detail", "")),
         body.get("field"),
         body,

@@ -173,7 +173,9 @@ def test_async_client_has_the_same_typed_methods() -> None:
         sync_params = inspect.signature(getattr(Client, name)).parameters
         async_params = inspect.signature(getattr(AsyncClient, name)).parameters
         assert list(sync_params) == list(async_params), name
-        if name != "sandbox":
+        if name == "exec_stream":
+            assert inspect.isasyncgenfunction(AsyncClient.exec_stream)
+        elif name != "sandbox":
             assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name
 
 
@@ -261,6 +263,14 @@ PRODUCERS: dict[type[errors.ClientError], Callable[[], httpx.Response | Exceptio
     errors.ServerError: lambda: _problem(502),
     errors.APIError: lambda: _problem(418),
     errors.TransportError: lambda: httpx.ReadTimeout("slow"),
+    errors.PathOutsideRoot: lambda: _problem(400, "Path outside the allowed root"),
+    errors.QuotaNeverFits: lambda: _problem(400, "Request exceeds the quota"),
+    errors.PayloadTooLarge: lambda: _problem(413, "Payload too large"),
+    errors.TaskFormatError: lambda: _problem(422, "Malformed task"),
+    errors.Forbidden: lambda: _problem(403, "Forbidden"),
+    errors.SandboxError: lambda: _problem(502, "Sandbox runtime error"),
+    errors.CapacityError: lambda: _problem(503, "No capacity"),
+    errors.VerifierError: lambda: _problem(502, "Verifier error"),
 }
 
 
@@ -299,6 +309,9 @@ def test_every_service_error_maps_to_a_specific_class() -> None:
         err = _raised(_problem(exc.status, exc.title, "x"))
         assert type(err) is not errors.APIError, f"{exc.__name__} ({exc.status}) is unmapped"
         assert err.status == exc.status and err.title == exc.title
+        same = getattr(errors, exc.__name__, None)  # a typed class per problem where named alike
+        if same is not None:
+            assert type(err) is same, exc.__name__
 
 
 def test_problem_fields_and_retry_after() -> None:
