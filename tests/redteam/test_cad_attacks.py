@@ -27,11 +27,12 @@ import trimesh
 
 from tests.integration.api.conftest import Stack, start_stack
 from tests.integration.api.test_sandboxes_api import run
+from tests.redteam import episodes
+from tests.redteam.episodes import verify
 
 pytestmark = [pytest.mark.docker, pytest.mark.redteam]
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks" / "cad"
-TRAJ = {"policy": {"name": "redteam", "version": "1"}}
 PLATE, OUT = "plate-four-holes", "/app/out/plate.stl"
 SLOW = "plate-slow-measure"  # the plate with a 1 s measuring limit and no render check
 CAP = 0.05
@@ -49,22 +50,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def start(stack: Stack, task: str = PLATE) -> dict[str, Any]:
-    r = stack.alice.post("/v1/episodes", json={"task_id": task, "suite": "cad"})
-    assert r.status_code == 201, r.text
-    return r.json()["episodes"][0]
+    return episodes.start(stack, task, "cad")
 
 
 def upload(stack: Stack, ep: dict[str, Any], data: bytes, path: str = OUT) -> None:
-    r = stack.alice.put(
-        f"/v1/sandboxes/{ep['sandbox_id']}/files", params={"path": path}, content=data
-    )
-    assert r.status_code == 200, r.text
-
-
-def verify(stack: Stack, ep: dict[str, Any]) -> dict[str, Any]:
-    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
-    assert r.status_code == 200, r.text
-    return r.json()
+    episodes.upload(stack, ep, path, data)
 
 
 def reference(task: str = PLATE) -> trimesh.Trimesh:
@@ -243,5 +233,7 @@ def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -
     assert_unpaid(rec)
     details = rec["verifier"]["details"]
     assert (rec["reward"], details["dodge"]) == (0.0, "measure_timeout"), details
-    assert details["timing_ms"]["measure"] < 3000, details["timing_ms"]
-    assert worst[0] < 0.5, worst
+    assert details["timing_ms"]["measure"] < 10_000, details["timing_ms"]
+    assert worst[0] < 5.0, (
+        worst
+    )  # was 29 s when measuring ran in the API process; loose for loaded CI machines

@@ -23,10 +23,11 @@ from service.tasks.loader import load_suite
 from service.verifiers.document import check_for, score_field
 from tests.integration.api.conftest import Stack, start_stack
 from tests.integration.api.test_sandboxes_api import run
+from tests.redteam import episodes
+from tests.redteam.episodes import verify
 
 pytestmark = [pytest.mark.docker, pytest.mark.redteam]
 
-TRAJ = {"policy": {"name": "redteam", "version": "1"}}
 TASK = "effective-tax-rate"
 SUITE = Path(__file__).resolve().parents[2] / "tasks" / "document"
 
@@ -37,25 +38,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def start(stack: Stack, task: str = TASK) -> dict[str, Any]:
-    r = stack.alice.post("/v1/episodes", json={"task_id": task, "suite": "document"})
-    assert r.status_code == 201, r.text
-    return r.json()["episodes"][0]
+    return episodes.start(stack, task, "document")
 
 
 def put(stack: Stack, ep: dict[str, Any], data: bytes) -> None:
-    r = stack.alice.put(
-        f"/v1/sandboxes/{ep['sandbox_id']}/files",
-        params={"path": "/app/answer.json"},
-        content=data,
-        headers={"content-type": "application/octet-stream"},
-    )
-    assert r.status_code == 200, r.text
-
-
-def verify(stack: Stack, ep: dict[str, Any]) -> dict[str, Any]:
-    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
-    assert r.status_code == 200, r.text
-    return r.json()
+    episodes.upload(stack, ep, "/app/answer.json", data)
 
 
 def assert_zero(rec: dict[str, Any]) -> None:

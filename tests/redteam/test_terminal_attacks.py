@@ -22,34 +22,17 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Stack
+from tests.redteam import episodes
+from tests.redteam.episodes import sh, verify
 
 pytestmark = [pytest.mark.docker, pytest.mark.redteam]
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks" / "terminal"
-TRAJ = {"policy": {"name": "redteam", "version": "1"}}
 IMPORTED = "/app/semverlite/semverlite/__init__.py"  # the tests import this package
 
 
 def start(stack: Stack, task: str) -> dict[str, Any]:
-    r = stack.alice.post("/v1/episodes", json={"task_id": task, "suite": "terminal"})
-    assert r.status_code == 201, r.text
-    return r.json()["episodes"][0]
-
-
-def sh(stack: Stack, ep: dict[str, Any], script: str) -> None:
-    r = stack.alice.post(
-        f"/v1/sandboxes/{ep['sandbox_id']}/exec",
-        json={"cmd": ["bash", "-c", script], "timeout_s": 60},
-    )
-    assert r.status_code == 200, r.text
-    out = r.json()
-    assert out["exit_code"] == 0, (out["stdout"], out["stderr"])
-
-
-def verify(stack: Stack, ep: dict[str, Any]) -> dict[str, Any]:
-    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return episodes.start(stack, task, "terminal")
 
 
 def append_py(path: str, code: str) -> str:
