@@ -234,6 +234,5 @@ def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -
     details = rec["verifier"]["details"]
     assert (rec["reward"], details["dodge"]) == (0.0, "measure_timeout"), details
     assert details["timing_ms"]["measure"] < 10_000, details["timing_ms"]
-    assert worst[0] < 5.0, (
-        worst
-    )  # was 29 s when measuring ran in the API process; loose for loaded CI machines
+    # /healthz took 29 s when measuring ran in the API process; loose for a loaded CI machine
+    assert worst[0] < 5.0, worst
