@@ -46,6 +46,7 @@ import docker
 import docker.errors
 import docker.utils.build
 import requests
+import urllib3
 from docker.models.images import Image
 from rich.console import Console
 from rich.markup import escape
@@ -646,14 +647,20 @@ def _stream_build(
             line_out(pending)
             if cancel is not None and cancel.is_set():
                 raise BuildCancelled(f"building {name} was cancelled", log_path=log_path)
-        except (
-            docker.errors.DockerException,
-            requests.exceptions.RequestException,
-            OSError,
-        ) as exc:
-            if cancel is not None and cancel.is_set():
+        except BuildCancelled:
+            raise
+        except Exception as exc:
+            if cancel is not None and cancel.is_set():  # whatever the closed socket raised
                 log.write("CANCELLED\n")
                 raise BuildCancelled(f"building {name} was cancelled", log_path=log_path) from exc
+            transport = (
+                docker.errors.DockerException,
+                requests.exceptions.RequestException,
+                urllib3.exceptions.HTTPError,
+                OSError,
+            )
+            if not isinstance(exc, transport) or isinstance(exc, ImageBuildError):
+                raise
             raise ImageBuildError(
                 _failure(name, str(exc), tail, log_path), log_path=log_path
             ) from exc
