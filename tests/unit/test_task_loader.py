@@ -532,7 +532,7 @@ def test_collect_errors_keeps_going(tmp_path: Path) -> None:
 
 def test_discover_suites() -> None:
     suites = discover_suites(FIXTURES / "tasks", collect_errors=True)
-    assert [s.name for s in suites] == ["broken", "foreign", "good"]
+    assert [s.name for s in suites] == ["broken", "foreign", "good", "tb2"]
     assert len(suites[0].errors) == 10 and len(suites[1]) == 1 and len(suites[2]) == 3
     with pytest.raises(TaskFormatError, match="suite 'broken'"):
         discover_suites(FIXTURES / "tasks")
@@ -597,7 +597,7 @@ def test_registry_get_and_list(tmp_path: Path) -> None:
 
 def test_registry_from_root() -> None:
     registry = TaskRegistry.from_root(FIXTURES / "tasks", collect_errors=True)
-    assert [s.name for s in registry.suites()] == ["broken", "good"]
+    assert [s.name for s in registry.suites()] == ["broken", "foreign", "good", "tb2"]
     assert len(registry.suite("broken").errors) == 10
 
 
@@ -653,7 +653,8 @@ def test_ensure_image_builds_once_across_threads(monkeypatch: pytest.MonkeyPatch
     call = calls[0]
     assert call["context_dir"] == GOOD / "harbor-hello" / "environment"
     assert call["base_image"] == "base:1" and call["build_args"] == {"BASE_IMAGE": "base:1"}
-    assert call["labels"] == {"crucible.task": "good/harbor-hello"}
+    assert call["labels"]["crucible.task"] == "good/harbor-hello"
+    assert "crucible.build_settings" in call["labels"]  # the hash follows build settings
     assert registry.cached_image(task, base_image="base:1") == results[0]
     assert registry.cached_image(task, base_image="base:2") is None
     registry.ensure_image(task, base_image="base:2")  # another base: another build
