@@ -51,6 +51,7 @@ def spec_for(
         user=template.user,
         env=template.env,
         cap_add=template.cap_add,
+        disk_bytes=template.disk_mb << 20,
     )
 
 

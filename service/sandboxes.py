@@ -6,6 +6,7 @@ once, in ``get_owned``: another tenant's sandbox is ``NotFound``, never ``Forbid
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from service.errors import (
 from service.ids import new_id
 from service.metrics import LEASES, QUOTA_REFUSALS
 from service.pool import lease_expiry
-from service.runtime.base import ExecChunk, ExecRequest, ExecResult
+from service.runtime.base import ExecChunk, ExecRequest, ExecResult, ExecStream
 from service.tenants import Principal, Resources
 
 
@@ -345,6 +346,8 @@ def _audit_exec(
     req: ExecRequest,
     res: ExecResult | None,
     error: str | None = None,
+    *,
+    cancelled: bool = False,
 ) -> None:
     cmd = req.cmd if isinstance(req.cmd, str) else " ".join(req.cmd)
     details: dict[str, Any] = {
@@ -358,12 +361,16 @@ def _audit_exec(
             exit_code=res.exit_code,
             timed_out=res.timed_out,
             oom_killed=res.oom_killed,
+            pids_limit_hit=res.pids_limit_hit,
+            disk_limit_hit=res.disk_limit_hit,
             stdout_bytes=res.stdout_total_bytes,
             stderr_bytes=res.stderr_total_bytes,
             duration_ms=round(res.duration_ms, 3),
         )
     if error:
         details["error"] = error[:500]
+    if cancelled:
+        details["cancelled"] = True
     with ctx.db.session() as s:
         audit.record(
             s,
@@ -400,34 +407,73 @@ def exec_command(
     return res
 
 
+class AuditedExecStream:
+    """A sandbox's running exec as ``exec_stream`` hands it out: iterate it for chunks and
+    the result; ``cancel`` (any thread) stops the command, for a client that went away. The
+    exec is audited once, when the iteration ends (with ``cancelled`` when it was)."""
+
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        principal: Principal,
+        row: Sandbox,
+        req: ExecRequest,
+        stream: ExecStream,
+    ) -> None:
+        self._stream = stream
+        self.cancelled = False
+        self._items = self._run(ctx, principal, row, req)
+
+    def __iter__(self) -> AuditedExecStream:
+        return self
+
+    def __next__(self) -> ExecChunk | ExecResult:
+        return next(self._items)
+
+    def cancel(self) -> None:
+        """Stop the command (SIGTERM, the grace, SIGKILL); the iteration then ends."""
+        self.cancelled = True
+        self._stream.cancel()
+
+    def close(self) -> None:
+        """Stop the command if it still runs and end the iteration (iterating thread)."""
+        self._items.close()
+
+    def _run(
+        self, ctx: ServiceContext, principal: Principal, row: Sandbox, req: ExecRequest
+    ) -> Iterator[ExecChunk | ExecResult]:
+        result: ExecResult | None = None
+        error: str | None = None
+        try:
+            with contextlib.closing(self._stream):
+                for item in self._stream:
+                    if isinstance(item, ExecResult):
+                        result = item
+                    yield item
+        except CrucibleError as e:
+            error = e.detail
+            raise
+        finally:
+            if result is None and error is None:
+                error = "stream ended without a result"
+            _audit_exec(ctx, principal, row, req, result, error=error, cancelled=self.cancelled)
+
+
 def exec_stream(
     ctx: ServiceContext, principal: Principal, sandbox_id: str, req: ExecRequest
-) -> Iterator[ExecChunk | ExecResult]:
-    """Like ``exec_command`` but yields chunks as they come, then the result.
+) -> AuditedExecStream:
+    """Like ``exec_command`` but an ``AuditedExecStream`` of chunks as they come, then the
+    result.
 
-    Validation happens before the first item, so errors surface as HTTP errors.
+    Validation and the start happen here, so errors surface as HTTP errors.
     """
     row = get_live(ctx, principal, sandbox_id)
-    stream = ctx.runtime.exec_stream(row.container_id, req)
-
-    def gen() -> Iterator[ExecChunk | ExecResult]:
-        result: ExecResult | None = None
-        try:
-            for item in stream:
-                if isinstance(item, ExecResult):
-                    result = item
-                yield item
-        finally:
-            _audit_exec(
-                ctx,
-                principal,
-                row,
-                req,
-                result,
-                error=None if result else "stream ended without a result",
-            )
-
-    return gen()
+    try:
+        stream = ctx.runtime.exec_stream(row.container_id, req)
+    except CrucibleError as e:
+        _audit_exec(ctx, principal, row, req, None, error=e.detail)
+        raise runtime_failure(ctx, principal, sandbox_id, e) from e
+    return AuditedExecStream(ctx, principal, row, req, stream)
 
 
 # -- snapshots and forks ----------------------------------------------------------------

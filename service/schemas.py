@@ -95,6 +95,12 @@ class ExecOut(_Model):
     signal: int | None
     timed_out: bool
     oom_killed: bool
+    pids_limit_hit: bool = Field(
+        False, description="A fork was refused at the sandbox's pids limit meanwhile."
+    )
+    disk_limit_hit: bool = Field(
+        False, description="The sandbox went over its disk budget meanwhile; writers killed."
+    )
     stdout: str
     stderr: str
     stdout_b64: str | None = None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import codecs
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response, status
@@ -71,6 +74,8 @@ def exec_out(res: ExecResult, *, b64: bool) -> ExecOut:
         signal=res.signal,
         timed_out=res.timed_out,
         oom_killed=res.oom_killed,
+        pids_limit_hit=res.pids_limit_hit,
+        disk_limit_hit=res.disk_limit_hit,
         stdout=res.stdout.decode("utf-8", "replace"),
         stderr=res.stderr.decode("utf-8", "replace"),
         stdout_b64=base64.b64encode(res.stdout).decode() if b64 else None,
@@ -182,17 +187,51 @@ def exec_(
     return StreamingResponse(_ndjson(items, b64=body.output_b64), media_type="application/x-ndjson")
 
 
-def _ndjson(items: Iterator[ExecChunk | ExecResult], *, b64: bool) -> Iterator[bytes]:
+# Threads that read streaming execs: one per stream while it runs (the default executor's
+# few threads would queue streams behind each other).
+_STREAM_READERS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="crucible-stream")
+
+
+async def _ndjson(items: sandboxes.AuditedExecStream, *, b64: bool) -> AsyncIterator[bytes]:
+    """NDJSON lines of a streaming exec. A thread reads the exec; a client that goes away
+    (the response is cancelled) cancels the command at once: SIGTERM to its process group,
+    SIGKILL after the grace."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[ExecChunk | ExecResult | Exception | None] = asyncio.Queue()
+
+    def put(item: ExecChunk | ExecResult | Exception | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody listens
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def pump() -> None:
+        try:
+            for item in items:
+                put(item)
+        except Exception as e:  # handed to the response below, or dropped once cancelled
+            put(e)
+            return
+        put(None)
+
+    loop.run_in_executor(_STREAM_READERS, pump)
     decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
-    for item in items:
-        if isinstance(item, ExecResult):
-            _observe(item)
-            line = {"type": "result", "result": exec_out(item, b64=b64).model_dump()}
-        else:
-            line = {"type": item.stream, "data": decoders[item.stream].decode(item.data)}
-            if b64:
-                line["data_b64"] = base64.b64encode(item.data).decode()
-        yield (json.dumps(line) + "\n").encode()
+    finished = False
+    try:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, Exception):
+                finished = True
+                raise item
+            if isinstance(item, ExecResult):
+                _observe(item)
+                line = {"type": "result", "result": exec_out(item, b64=b64).model_dump()}
+            else:
+                line = {"type": item.stream, "data": decoders[item.stream].decode(item.data)}
+                if b64:
+                    line["data_b64"] = base64.b64encode(item.data).decode()
+            yield (json.dumps(line) + "\n").encode()
+        finished = True
+    finally:
+        if not finished:
+            loop.run_in_executor(_STREAM_READERS, items.cancel)
 
 
 @router.post(

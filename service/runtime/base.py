@@ -24,7 +24,9 @@ class SandboxSpec:
     """What to start: one container made from a template.
 
     Units: ``cpus`` in CPUs (fractional allowed), ``memory_bytes`` is memory and
-    memory+swap (no swap), ``tmpfs`` maps a mount path to its size in bytes.
+    memory+swap (no swap), ``tmpfs`` maps a mount path to its size in bytes. ``disk_bytes``
+    bounds the writable layer (None: unbounded); how it holds is the runtime's (Docker:
+    ``service.runtime.diskwatch``).
     """
 
     sandbox_id: str
@@ -41,6 +43,7 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cap_add: tuple[str, ...] = ()
     tmpfs: Mapping[str, int] = field(default_factory=dict)
+    disk_bytes: int | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -87,7 +90,11 @@ class ExecResult:
 
     ``exit_code`` is the shell convention: the status, or 128+N when killed by signal N
     (``signal`` then holds N). ``timed_out`` means Crucible killed the process group at
-    ``timeout_s``; ``oom_killed`` that the kernel's OOM killer killed a process of the exec.
+    ``timeout_s``; ``oom_killed`` that the kernel's OOM killer killed a process of the exec;
+    ``pids_limit_hit`` that a fork was refused at the sandbox's pids limit while it ran (the
+    exec's process group is then killed, bomb and all); ``disk_limit_hit`` that the
+    sandbox's writable layer went over its disk budget while it ran (its writers were
+    killed). The three are sandbox-wide: a concurrent exec's event counts too.
     ``stdout``/``stderr`` hold at most ``max_output_bytes`` each (head + tail when
     ``*_truncated``); ``*_total_bytes`` count everything the command wrote.
     """
@@ -96,6 +103,8 @@ class ExecResult:
     signal: int | None = None
     timed_out: bool = False
     oom_killed: bool = False
+    pids_limit_hit: bool = False
+    disk_limit_hit: bool = False
     stdout: bytes = b""
     stderr: bytes = b""
     stdout_total_bytes: int = 0
@@ -105,6 +114,28 @@ class ExecResult:
     duration_ms: float = 0.0
     observed: bytes = b""
     observed_truncated: bool = False
+
+
+class ExecStream(Protocol):
+    """A running exec: iterate it for chunks, then exactly one ``ExecResult``.
+
+    ``cancel`` may be called from any thread while another iterates: the command's process
+    group gets SIGTERM, then SIGKILL after the grace, and the iteration then ends with the
+    result of the stopped command. ``close`` (from the iterating thread) does the same and
+    drops the rest.
+    """
+
+    def __iter__(self) -> Iterator[ExecChunk | ExecResult]: ...
+
+    def __next__(self) -> ExecChunk | ExecResult: ...
+
+    def cancel(self) -> None:
+        """Stop the command (idempotent, thread-safe)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the command if it still runs and end the iteration."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -169,10 +200,9 @@ class SandboxRuntime(Protocol):
         """Run ``request`` to completion (or timeout) and return its result."""
         ...
 
-    def exec_stream(
-        self, container_id: str, request: ExecRequest
-    ) -> Iterator[ExecChunk | ExecResult]:
-        """Run ``request``, yielding output chunks as they come, then exactly one ExecResult."""
+    def exec_stream(self, container_id: str, request: ExecRequest) -> ExecStream:
+        """Run ``request``: an ``ExecStream`` of output chunks as they come, then exactly one
+        ExecResult."""
         ...
 
     def resolve_path(self, container_id: str, path: str, *, create_parents: bool = False) -> str:

@@ -11,10 +11,13 @@ says ``bridge``; ``cap_drop=ALL`` plus ``DEFAULT_CAP_ADD`` plus the spec's ``cap
 ``no-new-privileges``; memory = memory+swap; pids and open-files limits.
 
 Disk: the engine here (overlay2 without XFS project quotas) refuses ``storage_opt size=``,
-so the writable layer cannot be capped at create. The fallback is (1) ``tmpfs`` mounts from
-the spec for scratch space (hard size limit, charged to the sandbox's memory) and (2)
-``disk_usage_bytes``, the writable layer's size, for a monitor that acts on a template's
-``disk_mb`` (fail the lease, destroy the sandbox). Reading it walks the layer: poll gently.
+so the writable layer cannot be capped at create. A spec's ``disk_bytes`` holds through
+``RLIMIT_FSIZE`` (no file over the budget) and ``service.runtime.diskwatch`` (the layer
+measured every 50 ms; writers killed past the budget); ``tmpfs`` mounts from the spec give
+scratch space with a hard size limit, charged to the sandbox's memory.
+
+Fork bombs: an exec that cannot start because the sandbox's processes hold every pid is
+retried once after those processes are killed (``service.runtime.cgroups``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import posixpath
 import re
 import shutil
+import signal
 import struct
 import tarfile
 import tempfile
@@ -51,7 +55,7 @@ from service.errors import (
     PayloadTooLarge,
     SandboxError,
 )
-from service.runtime import channel, overlay
+from service.runtime import cgroups, channel, diskwatch, overlay
 from service.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_SANDBOX_ID,
@@ -101,6 +105,7 @@ SUPERVISOR_BUILD_REPOSITORY = "crucible/supervisor-build"
 LABEL_ROLE = "crucible.role"
 LABEL_SUPERVISOR = "crucible.supervisor"
 LABEL_USER = "crucible.user"  # the template's user: the default user of execs
+LABEL_DISK = "crucible.disk_bytes"  # the writable layer's budget (``diskwatch``)
 
 # Capabilities a sandbox's root keeps: enough for package managers, chown/chmod of any file,
 # switching to an unprivileged user (apt's _apt sandbox, su-less setuid in tools), signalling
@@ -397,6 +402,9 @@ class DockerRuntime:
         self._ready_lock = threading.Lock()
         self._meta: dict[str, _ContainerMeta] = {}  # by container id
         self._meta_lock = threading.Lock()
+        self._disk = diskwatch.DiskWatcher(on_over=self._stop_writers)
+        # pids cgroup directory and its refused-fork counter as the last exec ended
+        self._pids: dict[str, tuple[Path | None, int | None]] = {}
 
     @classmethod
     def from_settings(cls, settings: Any) -> DockerRuntime:
@@ -571,6 +579,8 @@ class DockerRuntime:
                 channel_dir=str(listener.directory) if listener is not None else None,
             )
             self._remember(container.id, meta)
+            if spec.disk_bytes is not None:
+                self._watch_disk(container.id, meta.graph, spec.disk_bytes)
             try:
                 container.start()
                 if listener is not None:
@@ -627,6 +637,35 @@ class DockerRuntime:
         with self._meta_lock:
             self._channels[container_id] = control
 
+    def _watch_disk(self, container_id: str, graph: dict | None, limit_bytes: int) -> None:
+        """Hold the container's writable layer to ``limit_bytes`` (``diskwatch``) where this
+        host sees it; elsewhere only ``RLIMIT_FSIZE`` holds."""
+        found = overlay.layers(graph) if graph and self._read_host_layers else None
+        if found is None or not os.path.isdir(found[0]):
+            log.info(
+                "container %s: writable layer not visible here; disk budget by RLIMIT_FSIZE only",
+                container_id,
+            )
+            return
+        self._disk.watch(container_id, upper=found[0], limit_bytes=limit_bytes)
+
+    def _stop_writers(self, container_id: str) -> None:
+        """Kill the sandbox's processes other than init and the supervisor, with the
+        container frozen so nothing forks meanwhile (the disk watcher's action)."""
+        try:
+            init_pid = int(self._api.inspect_container(container_id)["State"]["Pid"] or 0)
+        except docker.errors.NotFound:
+            self._disk.forget(container_id)
+            return
+        if init_pid <= 0 or container_id in self._frozen:
+            return  # stopped, or frozen for verification: nothing writes
+        self._api.pause(container_id)
+        try:
+            cgroups.kill_agent_processes(init_pid, budget_s=0)
+        finally:
+            self._api.unpause(container_id)
+        cgroups.kill_agent_processes(init_pid)
+
     def _create_kwargs(self, spec: SandboxSpec) -> dict[str, Any]:
         labels = {
             **spec.extra_labels,
@@ -636,6 +675,10 @@ class DockerRuntime:
             LABEL_SUPERVISOR: self._source_hash,
             LABEL_USER: spec.user,
         }
+        ulimits = [Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile)]
+        if spec.disk_bytes is not None:
+            labels[LABEL_DISK] = str(spec.disk_bytes)
+            ulimits.append(Ulimit(name="fsize", soft=spec.disk_bytes, hard=spec.disk_bytes))
         supervisor = Mount(
             target=SUPERVISOR_MOUNT,
             source=self.supervisor_volume,
@@ -655,7 +698,7 @@ class DockerRuntime:
             "mem_limit": spec.memory_bytes,
             "memswap_limit": spec.memory_bytes,
             "pids_limit": spec.pids_limit,
-            "ulimits": [Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile)],
+            "ulimits": ulimits,
             "network_mode": "bridge" if spec.network == "bridge" else "none",
             "cap_drop": ["ALL"],
             "cap_add": sorted({*self._default_cap_add, *spec.cap_add}),
@@ -685,6 +728,9 @@ class DockerRuntime:
             self._meta.pop(container_id, None)
             control = self._channels.pop(container_id, None)
         self._frozen.discard(container_id)
+        self._disk.forget(container_id)
+        with self._meta_lock:
+            self._pids.pop(container_id, None)
         if control is not None:
             control.close()
         if meta is not None and meta.channel_dir:
@@ -708,7 +754,12 @@ class DockerRuntime:
             )
         except Exception as e:
             raise _map_error(e, f"listing deployment {deployment}") from e
-        return [self._info(row) for row in rows]
+        infos = [self._info(row) for row in rows]
+        for info in infos:  # adopted after a restart: watch their disk budgets again
+            if LABEL_DISK in info.labels and not self._disk.watching(info.container_id):
+                with contextlib.suppress(CrucibleError):
+                    self._container_meta(info.container_id)
+        return infos
 
     @staticmethod
     def _info(row: dict[str, Any]) -> ContainerInfo:
@@ -748,50 +799,152 @@ class DockerRuntime:
             raise SandboxError(f"exec in container {container_id} ended without a result")
         return result
 
-    def exec_stream(
-        self, container_id: str, request: ExecRequest
-    ) -> Iterator[ExecChunk | ExecResult]:
-        """Run ``request``, yielding output chunks, then exactly one ``ExecResult``.
+    def exec_stream(self, container_id: str, request: ExecRequest) -> _DockerExecStream:
+        """Run ``request``: an ``ExecStream`` of output chunks, then exactly one ``ExecResult``.
 
         Chunks of the head of each stream come live; when a stream exceeds
         ``max_output_bytes`` its kept tail comes as chunks just before the result. Per
         stream the chunks add up to the result's ``stdout``/``stderr``. Closing the
-        generator early (or losing the supervisor) stops the command: its process group
-        gets SIGTERM, then SIGKILL after the grace.
+        stream early, calling its ``cancel`` from any thread, or losing the supervisor stops
+        the command: its process group gets SIGTERM, then SIGKILL after the grace.
 
         The command starts before this returns, so a bad request or a gone container
         raises here (``InvalidRequest``, ``NotFound``, ``SandboxError``), not at the first
-        ``next``.
+        ``next``. When it cannot start because the sandbox's own processes hold every pid
+        of its limit (a fork bomb left running), those processes are killed (host-side, the
+        container frozen meanwhile) and the command starts once more; its result then says
+        ``pids_limit_hit``. Where that cannot be done, ``Conflict`` says why.
         """
         record = encode_exec(request, grace_ms=self._kill_grace_ms)
         read_timeout_s = request.timeout_s + self._kill_grace_ms / 1000 + _READ_MARGIN_S
-        frames = self._supervise(
-            container_id,
-            record,
-            user=request.user or self._container_meta(container_id).user,
-            read_timeout_s=read_timeout_s,
-            max_reply_bytes=2 * request.max_output_bytes + 2 * request.observe_bytes + (1 << 20),
-        )
-        return self._exec_items(container_id, request, frames)
 
-    def _exec_items(
-        self, container_id: str, request: ExecRequest, frames: Iterator[Frame]
-    ) -> Iterator[ExecChunk | ExecResult]:
-        collector = ExecCollector()
+        max_reply_bytes = 2 * request.max_output_bytes + 2 * request.observe_bytes + (1 << 20)
+
+        def start() -> Iterator[Frame]:
+            frames = self._supervise(
+                container_id,
+                record,
+                user=request.user or self._container_meta(container_id).user,
+                read_timeout_s=read_timeout_s,
+                max_reply_bytes=max_reply_bytes,
+            )
+            return _first_read(frames)
+
+        disk_hits = self._disk.hits(container_id)
+        with self._meta_lock:
+            baseline = container_id not in self._pids
+        if baseline:  # a container this runtime has not seen exec yet (made or adopted)
+            self._pids_refused(container_id)
+        reclaimed = False
         try:
-            with contextlib.closing(frames):
-                for frame in frames:
-                    item = collector.add(frame)
-                    if isinstance(item, ExecResult):
-                        yield self._with_oom_fallback(container_id, item, collector.oom_known)
-                    elif item is not None:
-                        yield item
+            frames = start()
+        except (NotFound, Conflict, InvalidRequest):
+            raise
+        except SandboxError:
+            if not self._reclaim_pids(container_id):
+                raise
+            reclaimed = True
+            frames = start()
+        return _DockerExecStream(
+            self, container_id, request, frames, pids_reclaimed=reclaimed, disk_hits=disk_hits
+        )
+
+    def _finish(
+        self,
+        container_id: str,
+        result: ExecResult,
+        *,
+        oom_known: bool,
+        pids_reclaimed: bool,
+        disk_hits: int,
+    ) -> ExecResult:
+        """The supervisor's result with what only the host knows: the engine's OOM flag
+        where the sandbox could not read its counter, a fork bomb reclaimed before the
+        start, the disk watcher's kills while it ran, a file stopped at the budget
+        (``RLIMIT_FSIZE``: SIGXFSZ, also as a shell's exit status 128+25)."""
+        result = self._with_oom_fallback(container_id, result, oom_known)
+        refused = self._pids_refused(container_id)  # always: it moves the baseline on
+        return dataclasses.replace(
+            result,
+            pids_limit_hit=result.pids_limit_hit or pids_reclaimed or refused,
+            disk_limit_hit=self._disk.hits(container_id) > disk_hits
+            or signal.SIGXFSZ in (result.signal, result.exit_code - 128),
+        )
+
+    def _pids_refused(self, container_id: str) -> bool:
+        """True when the sandbox refused a fork at its pids limit since this was last asked
+        (a bomb a finished exec left in the background counts in the next exec's result).
+        Host-side; False where the cgroup is not visible here."""
+        with self._meta_lock:
+            known = self._pids.get(container_id)
+        if known is None:
+            try:
+                init_pid = int(self._api.inspect_container(container_id)["State"]["Pid"] or 0)
+            except Exception:
+                init_pid = 0
+            known = (cgroups.pids_dir(init_pid) if init_pid > 0 else None, None)
+        directory, before = known
+        now = cgroups.pids_max_events(directory) if directory is not None else None
+        with self._meta_lock:
+            if len(self._pids) > 10_000:
+                self._pids.clear()
+            self._pids[container_id] = (directory, now)
+        return before is not None and now is not None and now > before
+
+    def _reclaim_pids(self, container_id: str) -> bool:
+        """When the sandbox's processes hold every pid of its limit, kill them (not init nor
+        the supervisor: ``service.runtime.cgroups``) with the container frozen, so nothing
+        forks meanwhile; True when that was done. False when the limit is not what stops
+        execs. Raises ``Conflict`` when the pids are exhausted and this host cannot reach
+        the sandbox's processes."""
+        try:
+            init_pid = int(self._api.inspect_container(container_id)["State"]["Pid"] or 0)
+        except Exception:
+            return False
+        state = cgroups.pids_state(init_pid) if init_pid > 0 else None
+        if state is not None and not state.exhausted and self._pids_refused(container_id):
+            state = cgroups.PidsState(current=state.limit or 0, limit=state.limit)  # it was
+        if state is None:
+            state = self._engine_pids_state(container_id)
+            if state is not None and state.exhausted:
+                raise Conflict(
+                    f"sandbox container {container_id}: its processes hold all {state.limit} "
+                    "pids of its limit (a fork bomb?) and this host cannot stop them; release it"
+                )
+            return False
+        if not state.exhausted:
+            return False
+        log.warning(
+            "container %s: pids limit %s exhausted; killing its processes",
+            container_id,
+            state.limit,
+        )
+        try:
+            self._api.pause(container_id)
+        except Exception as e:
+            raise _map_error(e, f"freezing container {container_id}") from e
+        try:
+            first = cgroups.kill_agent_processes(init_pid, budget_s=0)
         finally:
-            if collector.result is None and collector.pid is not None:
-                self._cancel(container_id, collector.pid, user=request.user)
+            with contextlib.suppress(Exception):
+                self._api.unpause(container_id)
+        if first is None:
+            return False
+        cgroups.kill_agent_processes(init_pid)
+        return True
+
+    def _engine_pids_state(self, container_id: str) -> cgroups.PidsState | None:
+        """``pids.current`` / ``pids.max`` as the engine's stats report them, or None."""
+        try:
+            stats = self._api.stats(container_id, stream=False, one_shot=True)
+            pids = stats.get("pids_stats") or {}
+            return cgroups.PidsState(current=int(pids["current"]), limit=int(pids["limit"]))
+        except Exception:
+            return None
 
     def _cancel(self, container_id: str, pgid: int, *, user: str | None) -> None:
-        """Best effort: stop an exec's process group whose caller went away."""
+        """Best effort: stop an exec's process group whose caller went away (SIGTERM, the
+        grace, then SIGKILL until gone)."""
         record = encode_kill(pgid, grace_ms=self._kill_grace_ms)
         user = user or self._container_meta(container_id).user
         with contextlib.suppress(CrucibleError):
@@ -830,6 +983,9 @@ class DockerRuntime:
             channel_dir=channel_dir,
         )
         self._remember(container_id, meta)
+        with contextlib.suppress(ValueError):
+            if LABEL_DISK in labels and not self._disk.watching(container_id):
+                self._watch_disk(container_id, meta.graph, int(labels[LABEL_DISK]))
         return meta
 
     def _remember(self, container_id: str, meta: _ContainerMeta) -> None:
@@ -1416,3 +1572,92 @@ def _capped(
                     f"the changed files hold more than {max_bytes} bytes (at {info.name})"
                 )
         yield info, reader
+
+
+def _first_read(frames: Iterator[Frame]) -> Iterator[Frame]:
+    """``frames`` with its first frame read now, so a start that fails (the supervisor could
+    not fork, the engine could not exec) raises here."""
+    try:
+        first = next(frames)
+    except StopIteration:  # cannot happen: frame iterators raise when no result arrives
+        return iter(())
+    if first.kind == FRAME_ERROR and first.payload.startswith(b"spawn\n"):
+        frames.close()
+        raise_for_error(first)  # SandboxError: the command never started
+
+    def rest() -> Iterator[Frame]:
+        yield first
+        yield from frames
+
+    return rest()
+
+
+class _DockerExecStream:
+    """``ExecStream`` over one supervisor reply (see ``DockerRuntime.exec_stream``)."""
+
+    def __init__(
+        self,
+        runtime: DockerRuntime,
+        container_id: str,
+        request: ExecRequest,
+        frames: Iterator[Frame],
+        *,
+        pids_reclaimed: bool,
+        disk_hits: int,
+    ) -> None:
+        self._runtime, self._container_id, self._request = runtime, container_id, request
+        self._frames = frames
+        self._pids_reclaimed, self._disk_hits = pids_reclaimed, disk_hits
+        self._collector = ExecCollector()
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._killed = False
+        self._items = self._run()
+
+    def __iter__(self) -> _DockerExecStream:
+        return self
+
+    def __next__(self) -> ExecChunk | ExecResult:
+        return next(self._items)
+
+    def cancel(self) -> None:
+        """Stop the command now (thread-safe); the iteration ends with its result."""
+        with self._lock:
+            self._cancelled = True
+        self._kill_once()
+
+    def close(self) -> None:
+        """Stop the command if it still runs; end the iteration."""
+        self._items.close()
+
+    def _kill_once(self) -> None:
+        with self._lock:
+            pid = self._collector.pid
+            if pid is None or self._killed or self._collector.result is not None:
+                return
+            self._killed = True
+        self._runtime._cancel(self._container_id, pid, user=self._request.user)
+
+    def _run(self) -> Iterator[ExecChunk | ExecResult]:
+        collector = self._collector
+        try:
+            with contextlib.closing(self._frames):
+                for frame in self._frames:
+                    with self._lock:
+                        item = collector.add(frame)
+                        cancelled = self._cancelled
+                    if cancelled:  # cancel came before the started frame
+                        self._kill_once()
+                    if isinstance(item, ExecResult):
+                        yield self._runtime._finish(
+                            self._container_id,
+                            item,
+                            oom_known=collector.oom_known,
+                            pids_reclaimed=self._pids_reclaimed,
+                            disk_hits=self._disk_hits,
+                        )
+                    elif item is not None:
+                        yield item
+        finally:
+            if collector.result is None:
+                self._kill_once()

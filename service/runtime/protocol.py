@@ -279,6 +279,7 @@ class ExecCollector:
                 signal=signal or None,
                 timed_out=kv["timed_out"] == "1",
                 oom_killed=kv["oom_killed"] == "1",
+                pids_limit_hit=kv.get("pids_limit_hit") == "1",
                 stdout=b"".join(self._out),
                 stderr=b"".join(self._err),
                 stdout_total_bytes=int(kv["stdout_total"]),

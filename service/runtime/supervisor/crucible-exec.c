@@ -44,7 +44,8 @@
  *   'P' resolved path (resolve op)
  *   'R' result, ASCII "key=value\n" lines, always the last frame of a successful request:
  *       exec: exit_code, signal (0 = none), timed_out, oom_killed (1/0, -1 = unknown),
- *             stdout_total, stderr_total, stdout_truncated, stderr_truncated, duration_ms
+ *             pids_limit_hit (1/0, -1 = unknown), stdout_total, stderr_total,
+ *             stdout_truncated, stderr_truncated, duration_ms
  *       resolve / mkdir / kill: ok=1
  *   'X' error "kind\nmessage" (kind: request, cwd, path, spawn, internal); last frame.
  *
@@ -56,9 +57,14 @@
  * whatever the pipes hold then is read, and if background processes still hold them a
  * detached drainer keeps reading (and discarding) so they never get SIGPIPE. A timeout sends
  * SIGTERM to the process group, then SIGKILL after grace_ms, and SIGKILL again until the
- * group is gone. exit_code is the status, or 128+N for signal N. oom_killed compares the
- * memory cgroup's oom_kill counter before and after (cgroup v1 memory.oom_control, v2
- * memory.events): it is container-wide, so an OOM kill in a concurrent exec counts too.
+ * group is gone; the grace holds for the whole group even when the direct child (say the
+ * /bin/sh of a string command) dies of the SIGTERM at once. exit_code is the status, or
+ * 128+N for signal N. oom_killed compares the memory cgroup's oom_kill counter before and
+ * after (cgroup v1 memory.oom_control, v2 memory.events); pids_limit_hit compares the pids
+ * cgroup's "max" counter of pids.events (forks refused at the limit) the same way, and when
+ * it moved the exec's process group is killed until gone, so a fork bomb the command left
+ * in the background does not keep the sandbox's pids. Both counters are container-wide: a
+ * concurrent exec's OOM kill or refused fork counts too.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -73,7 +79,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -498,12 +509,63 @@ static long long read_oom_kill(void) {
     return -1;
 }
 
+/* The "max" counter of this pids cgroup's pids.events (forks refused at pids.max), or -1
+ * when not visible (cgroup v1 pids controller, v2 unified). */
+static long long read_pids_max_events(void) {
+    static const char *files[] = {"/sys/fs/cgroup/pids/pids.events", "/sys/fs/cgroup/pids.events"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        FILE *f = fopen(files[i], "re");
+        if (!f) continue;
+        char line[256];
+        long long v = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "max %lld", &v) == 1) break;
+        fclose(f);
+        if (v >= 0) return v;
+    }
+    return -1;
+}
+
 static void child_fail(const char *what, const char *arg, int code) {
     char buf[4400];
     int n = snprintf(buf, sizeof buf, "crucible-exec: %s%s%s: %s\n", what, arg ? " " : "",
                      arg ? arg : "", strerror(errno));
     if (n > 0) (void)!write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
     _exit(code);
+}
+
+/* Refuse fallocate(2) with EOPNOTSUPP for the command and all it starts (a seccomp filter
+ * is inherited and cannot be removed): preallocation takes disk without writing, faster
+ * than any watcher can look, so the disk budget would not hold; glibc's posix_fallocate
+ * then writes zeros instead, which the budget's watcher sees (service.runtime.diskwatch).
+ * Needs no_new_privs (the container has it). Best effort: an unsupported kernel runs the
+ * command without it. x86_64 with its i386 (fallocate 324) and x32 ABIs; other arches by
+ * their own number. */
+static void refuse_fallocate(void) {
+#ifdef __NR_fallocate
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+#if defined(__x86_64__)
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_I386, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 324, 4, 5),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW), /* unreached */
+#else
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+#endif
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xBFFFFFFFu), /* x32 numbers = x86_64's | 1<<30 */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fallocate, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EOPNOTSUPP & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = (unsigned short)(sizeof code / sizeof *code), .filter = code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0)
+        (void)prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+#endif
 }
 
 /* In the forked child: become a session leader, wire stdio, apply cwd/env, exec. */
@@ -514,6 +576,7 @@ static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
     sigprocmask(SIG_SETMASK, &none, NULL);
     setsid();
+    refuse_fallocate();
     if (in_fd < 0) in_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(125);
     if (obs_fd >= 0) { /* the observation pipe becomes fd 3, inherited (not close-on-exec) */
@@ -614,6 +677,27 @@ static void kill_group_until_gone(pid_t pgid) {
     }
 }
 
+/* Wait (reading the pipes, so writers do not block) until the group has no live member or
+ * `until` (ms, monotonic) passes. */
+static void await_group(pid_t pgid, uint64_t until, struct capture *caps, struct sink *s) {
+    while (now_ms() < until && group_has_live_member(pgid)) {
+        struct pollfd pf[NCAPS];
+        int n = 0, idx[NCAPS];
+        for (int i = 0; i < NCAPS; i++)
+            if (caps[i].fd >= 0) {
+                idx[n] = i;
+                pf[n++] = (struct pollfd){.fd = caps[i].fd, .events = POLLIN};
+            }
+        if (n == 0) {
+            sleep_ms(10);
+            continue;
+        }
+        if (poll(pf, (nfds_t)n, 10) > 0)
+            for (int k = 0; k < n; k++)
+                if (pf[k].revents) capture_read(&caps[idx[k]], s);
+    }
+}
+
 struct exec_state {
     pid_t pid;
     int status;
@@ -705,7 +789,7 @@ static void drain_now(struct capture *caps, struct sink *s) {
 }
 
 static void emit_exec_result(struct sink *s, const struct exec_state *st, struct capture *caps,
-                             long long oom_before, double t0) {
+                             long long oom_before, int pids_hit, double t0) {
     long long oom_after = read_oom_kill();
     int oom = oom_before < 0 || oom_after < 0 ? -1 : oom_after > oom_before;
     int sig = WIFSIGNALED(st->status) ? WTERMSIG(st->status) : 0;
@@ -716,11 +800,11 @@ static void emit_exec_result(struct sink *s, const struct exec_state *st, struct
     uint64_t max2 = caps[2].head_cap + caps[2].tail_cap;
     for (int i = 0; i < NCAPS; i++) capture_flush_tail(&caps[i], s);
     int n = snprintf(buf, sizeof buf,
-                     "exit_code=%d\nsignal=%d\ntimed_out=%d\noom_killed=%d\n"
+                     "exit_code=%d\nsignal=%d\ntimed_out=%d\noom_killed=%d\npids_limit_hit=%d\n"
                      "stdout_total=%llu\nstderr_total=%llu\n"
                      "stdout_truncated=%d\nstderr_truncated=%d\nduration_ms=%.3f\n"
                      "observed_total=%llu\nobserved_truncated=%d\n",
-                     code, sig, st->timed_out, oom, (unsigned long long)caps[0].total,
+                     code, sig, st->timed_out, oom, pids_hit, (unsigned long long)caps[0].total,
                      (unsigned long long)caps[1].total, caps[0].total > max0,
                      caps[1].total > max1, now_ms_f() - t0, (unsigned long long)caps[2].total,
                      caps[2].total > max2);
@@ -744,6 +828,7 @@ static int run_exec(const struct request *rq, struct sink *s) {
     struct exec_state st = {0};
     double t0 = now_ms_f();
     long long oom_before = read_oom_kill();
+    long long pids_before = read_pids_max_events();
 
     if (make_pipes(out, err, in, report, obs, rq->stdin_len > 0, rq->observe > 0) < 0) {
         emit_error(s, "internal", "pipe: %s", strerror(errno));
@@ -786,14 +871,19 @@ static int run_exec(const struct request *rq, struct sink *s) {
     st.deadline = rq->timeout_ms ? now_ms() + rq->timeout_ms : 0;
 
     exec_loop(&st, rq, caps, in[1], s);
-    if (st.timed_out || s->broken) kill_group_until_gone(st.pid);
+    /* The direct child may die of the SIGTERM at once (a /bin/sh wrapper): the rest of the
+     * group still gets its grace before the SIGKILL. */
+    if (st.phase == 1) await_group(st.pid, st.kill_at, caps, s);
+    long long pids_after = read_pids_max_events();
+    int pids_hit = pids_before < 0 || pids_after < 0 ? -1 : pids_after > pids_before;
+    if (st.timed_out || s->broken || pids_hit == 1) kill_group_until_gone(st.pid);
     drain_now(caps, s);
     /* The observation pipe is never drained after the command: what is written later
      * (by a process the command left behind) is not the command's observation. */
     capture_close(&caps[2]);
     if (caps[0].fd >= 0 || caps[1].fd >= 0) spawn_drainer(caps, 2);
     for (int i = 0; i < 2; i++) capture_close(&caps[i]);
-    emit_exec_result(s, &st, caps, oom_before, t0);
+    emit_exec_result(s, &st, caps, oom_before, pids_hit, t0);
     return 0;
 }
 
@@ -1166,7 +1256,7 @@ static void serve_control(int control) {
         if (byte != 'N') break;
         int pair[2];
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) break;
-        pid_t pid = fork();
+        pid_t pid = fork_retry(FORK_RETRY_MS); /* a fork bomb being reaped frees pids soon */
         if (pid == 0) {
             close(control);
             close(pair[0]);
