@@ -62,6 +62,7 @@ class TerminalCheck:
     pass_threshold: float = 1.0
     reward_source: str = "file"  # "file" (Harbor) | "exit_code" (Terminal-Bench 1)
     partial_credit: bool = False
+    fetches_tools: bool = False  # [verifier] network = true: test.sh installs its tools
     extra_files: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     max_end_state_bytes: int | None = None  # the task's storage limit
@@ -245,7 +246,7 @@ def verify(
             return _zero("too_big", reason, t0, **tampered)
         except EndStateUnreadable as e:
             return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0, **tampered)
-        env = verifier_env(check, pristine_before)
+        env = verifier_env(check, pristine_before, time.time_ns())
         try:
             res = runtime.exec(
                 vcid,
@@ -283,7 +284,10 @@ def verify(
             reward_txt=files["reward.txt"],
             reward_json=files["reward.json"],
         )
-        if result.details.get("dodge") == "no_tests_observed":
+        if check.fetches_tools and result.details.get("dodge") == "no_tests_observed":
+            # Only for a task that declares it installs its tools at verify time: anywhere
+            # else, output that looks like a network failure is the end state's to print,
+            # and would turn its 0 into an error excluded from loss.
             offline = offline_reason(res.stdout + b"\n" + res.stderr)
             if offline is not None:  # the tests could not fetch their tools: not a score
                 return _unscored(offline, t0, offline=True, private=private, **tampered)
@@ -329,10 +333,11 @@ def offline_reason(output: bytes) -> str | None:
     return None
 
 
-def verifier_env(check: TerminalCheck, pristine_before: int) -> dict[str, str]:
+def verifier_env(check: TerminalCheck, pristine_before: int, agent_until: int) -> dict[str, str]:
     """The test command's environment: the task's, then Crucible's (which wins): no user
     site, plugin autoload off (restored for nested runs unless the task set it), the
-    observer plugin, and the moment before the replay (``crucible_guard``). No secret: the
+    observer plugin, and the window of change times that mark the end state's files (from
+    before the replay to the test command's start: ``crucible_guard``). No secret: the
     session keys travel in a file the plugin consumes (``observe.SECRET_PATH``)."""
     env = {**check.env, **VERIFIER_ENV}
     plugins = [p for p in check.env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
@@ -343,6 +348,7 @@ def verifier_env(check: TerminalCheck, pristine_before: int) -> dict[str, str]:
     path = check.env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = f"{path}:{OBSERVER_PATH}" if path else OBSERVER_PATH
     env["CRUCIBLE_PRISTINE_BEFORE"] = str(pristine_before)
+    env["CRUCIBLE_AGENT_WRITTEN_UNTIL"] = str(agent_until)
     return env
 
 
@@ -408,6 +414,7 @@ def check_for(task: Task) -> TerminalCheck:
         reward_source="exit_code" if task.reward_source == "exit_code" else "file",
         env=dict(task.test_env),
         max_end_state_bytes=task.environment.storage_mb << 20,
+        fetches_tools=task.verifier_network,
     )
 
 

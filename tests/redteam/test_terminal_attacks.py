@@ -327,3 +327,37 @@ def test_modules_only_the_agent_provides_never_run_at_start_up(
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
     assert rec["verifier"]["details"].get("dodge") != "tampered", rec["verifier"]["details"]
+
+
+def test_output_that_looks_offline_is_not_an_error_for_a_task_that_fetches_nothing(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """An end state that keeps pytest from starting and prints what a network failure
+    prints: only a task that declares it installs its tools at verify time
+    (``[verifier] network = true``) may turn that into ``status=error``; anywhere else it
+    is the end state's 0 (a dodge otherwise: errors are excluded from loss)."""
+    from service.tasks.loader import load_suite
+    from tests.integration.api.test_episodes_api import _tiny_task
+
+    # the task's own test.sh runs a program of the agent's before pytest
+    _tiny_task(
+        tmp_path / "pre",
+        "runs-agent-first",
+        "#!/bin/bash\nbash /app/prepare.sh || exit 1\npython3 -m pytest /tests\n",
+    )
+    stack.ctx.tasks.add_suite(load_suite(tmp_path / "pre"))
+    ep = episodes.start(stack, "runs-agent-first", "pre")
+    sh(
+        stack,
+        ep,
+        'printf \'echo "curl: (6) Could not resolve host: pypi.org" >&2\\n'
+        'echo "ERROR: Could not find a version that satisfies the requirement pytest" >&2\\n'
+        "exit 1\\n' > /app/prepare.sh",
+    )
+    rec = verify(stack, ep)
+    v = rec["verifier"]
+    assert (rec["reward"], v["status"], v["details"]["dodge"]) == (
+        0.0,
+        "ok",
+        "no_tests_observed",
+    ), v

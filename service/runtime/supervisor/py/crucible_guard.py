@@ -9,10 +9,12 @@ The rule, by construction rather than by a list of names: a top-level module is 
 over ``sys.path`` entry by entry, and the first location that holds a *pristine* module of
 that name wins over any earlier location holding an *agent-written* one. A location is
 agent-written when its change time is at or after ``CRUCIBLE_PRISTINE_BEFORE`` (ns since the
-epoch): everything of the episode's end state arrived in the verifier's sandbox by one
-archive extraction after that moment, and no process can set a file's change time, while
-the image's own files are older. ``/tests`` (the task's tests, placed by Crucible) and
-Crucible's own read-only mount count as pristine. So ``pytest.py``, ``_pytest/``,
+epoch) and before ``CRUCIBLE_AGENT_WRITTEN_UNTIL`` (the test command's start): everything
+of the episode's end state arrived in the verifier's sandbox by one archive extraction in
+that window, and no process can set a file's change time, while the image's own files are
+older and what the test run writes itself (tools ``test.sh`` installs) is newer.
+``/tests`` (the task's tests, placed by Crucible) and Crucible's own read-only mount count
+as pristine. So ``pytest.py``, ``_pytest/``,
 ``json.py``, ``sitecustomize.py``, sourceless ``.pyc`` and extension modules in the
 workdir, in any letter case or suffix Python's own finder accepts, never displace the
 toolchain; a module only the agent provides (``solution``, the package under test) still
@@ -58,11 +60,21 @@ def allow_agent_modules() -> None:
     _state["strict"] = False
 
 
-def _threshold() -> int:
+def _threshold() -> tuple[int, int]:
+    """The window of change times (ns) that mark agent-written files: from
+    ``CRUCIBLE_PRISTINE_BEFORE`` (the moment before the replay) up to
+    ``CRUCIBLE_AGENT_WRITTEN_UNTIL`` (the moment the test command started; 0: open).
+    Files changed later were written by the test run itself, e.g. tools ``test.sh``
+    installs at verify time. ``(0, 0)`` outside a verification."""
     try:
-        return int(os.environ.get("CRUCIBLE_PRISTINE_BEFORE", ""))
+        start = int(os.environ.get("CRUCIBLE_PRISTINE_BEFORE", ""))
     except ValueError:
-        return 0
+        return 0, 0
+    try:
+        end = int(os.environ.get("CRUCIBLE_AGENT_WRITTEN_UNTIL", "0"))
+    except ValueError:
+        end = 0
+    return start, end
 
 
 def _location(spec) -> str | None:  # noqa: ANN001 (ModuleSpec; kept 3.8-compatible)
@@ -72,14 +84,17 @@ def _location(spec) -> str | None:  # noqa: ANN001 (ModuleSpec; kept 3.8-compati
     return locations[0] if locations else None
 
 
-def is_agent_written(path: str, threshold: int) -> bool:
-    """True when ``path`` (a module file or package directory) arrived with the end state."""
-    if threshold <= 0 or path.startswith(_TRUSTED_PREFIXES):
+def is_agent_written(path: str, window: tuple[int, int]) -> bool:
+    """True when ``path`` (a module file or package directory) arrived with the end state:
+    its change time lies in ``window`` (``_threshold``)."""
+    start, end = window
+    if start <= 0 or path.startswith(_TRUSTED_PREFIXES):
         return False
     try:
-        return os.stat(path).st_ctime_ns >= threshold
+        ctime = os.stat(path).st_ctime_ns
     except OSError:
         return False
+    return ctime >= start and (end <= 0 or ctime < end)
 
 
 class PristineFirstFinder:
@@ -89,7 +104,7 @@ class PristineFirstFinder:
     entry holds and when the first candidate is already pristine.
     """
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: tuple[int, int]) -> None:
         self.threshold = threshold
 
     def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201
@@ -124,7 +139,7 @@ def install() -> None:
     threshold, i.e. outside a Crucible verification), strict in a pytest process that is
     not a descendant of the task's own run."""
     threshold = _threshold()
-    if threshold <= 0:
+    if threshold[0] <= 0:
         return
     if any(isinstance(f, PristineFirstFinder) for f in sys.meta_path):
         return
