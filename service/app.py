@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import idempotency, recovery, tenants
+from service import dashboard, idempotency, recovery, tenants
 from service.api import (
     audit,
     health,
@@ -139,6 +139,7 @@ def create_app(
     for router in routers:
         app.include_router(router)
     problems.install_openapi(app, routers)
+    dashboard.install(app)  # /dashboard: server-rendered HTML, not in the OpenAPI schema
     app.add_middleware(IdempotencyMiddleware)  # inside the limits: it reads bounded bodies
     app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)
     app.add_middleware(MetricsMiddleware)

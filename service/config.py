@@ -157,6 +157,19 @@ class Settings(BaseSettings):
         None, description="If set, an admin key with this secret exists at start-up."
     )
 
+    dashboard_session_secret: str | None = Field(
+        None,
+        description="Key (any string, >= 32 characters advised) that signs the dashboard's "
+        "session cookies and CSRF tokens; default: random per process (sessions end at "
+        "restart). Set it when several replicas serve the dashboard.",
+    )
+    dashboard_session_ttl_s: int = Field(
+        8 * 3600, ge=60, le=30 * 24 * 3600, description="Lifetime of a dashboard session."
+    )
+    dashboard_refresh_s: float = Field(
+        3.0, gt=0, le=3600, description="How often the dashboard's live panels re-read."
+    )
+
     @model_validator(mode="after")
     def _default_deployment(self) -> Settings:
         if not self.deployment:

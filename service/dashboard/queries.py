@@ -1,0 +1,307 @@
+"""Read-only queries behind the dashboard's pages that the service layer has no function for.
+
+Every function takes ``tenant``: the tenant whose rows may be read, or None for an admin
+(every tenant's). Lists are newest first and bounded; pages use keyset cursors (the last
+row's sort key), so a page costs the same at any depth (indexes: migration 0005).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import String, and_, cast, func, or_, select
+from sqlalchemy.orm import Session
+
+from service.db.engine import Database
+from service.db.models import (
+    AuditEvent,
+    Episode,
+    Job,
+    RewardRecordRow,
+    Sandbox,
+    Snapshot,
+    Tenant,
+    WorkItem,
+    utcnow,
+)
+from service.errors import InvalidRequest
+from service.tenants import LIVE_STATES
+
+MAX_PAGE = 200
+"""Most rows a dashboard page lists at once."""
+
+
+def _like(text: str) -> str:
+    """``%text%`` for LIKE with ``\\`` escaping the wildcards the user typed."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _scoped(stmt: Any, column: Any, tenant: str | None) -> Any:
+    return stmt if tenant is None else stmt.where(column == tenant)
+
+
+def live_sandboxes(db: Database, *, tenant: str | None, limit: int = 100) -> list[Sandbox]:
+    """Leased, starting and snapshotting sandboxes that belong to a tenant, newest first."""
+    stmt = select(Sandbox).where(Sandbox.state.in_(LIVE_STATES), Sandbox.tenant_id.is_not(None))
+    stmt = _scoped(stmt, Sandbox.tenant_id, tenant)
+    with db.read() as s:
+        return list(s.execute(stmt.order_by(Sandbox.created_at.desc()).limit(limit)).scalars())
+
+
+def failed_by_template(
+    db: Database, *, deployment: str, tenant: str | None, within_s: int = 86400
+) -> dict[str, int]:
+    """Sandboxes of this deployment that failed in the last ``within_s`` seconds, per
+    template (a tenant counts only its own)."""
+    since = utcnow() - timedelta(seconds=within_s)
+    stmt = select(Sandbox.template, func.count()).where(
+        Sandbox.deployment == deployment, Sandbox.state == "failed", Sandbox.created_at >= since
+    )
+    stmt = _scoped(stmt, Sandbox.tenant_id, tenant)
+    with db.read() as s:
+        return dict(s.execute(stmt.group_by(Sandbox.template)).all())
+
+
+def quota_use(db: Database, *, tenant: str | None) -> list[Tenant]:
+    """Tenant rows (limits and what is reserved against them), by id."""
+    with db.read() as s:
+        return list(
+            s.execute(_scoped(select(Tenant), Tenant.id, tenant).order_by(Tenant.id)).scalars()
+        )
+
+
+def recent_events(
+    db: Database, *, tenant: str | None, actions: tuple[str, ...], limit: int = 15
+) -> list[AuditEvent]:
+    """The newest events whose action is one of ``actions`` (one index range per action)."""
+    out: list[AuditEvent] = []
+    with db.read() as s:
+        for action in actions:  # (action, seq) index: each is a short backward range scan
+            stmt = select(AuditEvent).where(AuditEvent.action == action)
+            stmt = _scoped(stmt, AuditEvent.tenant_id, tenant)
+            out += s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars()
+    return sorted(out, key=lambda e: -e.seq)[:limit]
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """An audit search: every field optional; ``since``/``until`` are stored-format ISO
+    strings (UTC, microseconds), ``text`` matches inside the details (case-insensitive)."""
+
+    tenant: str | None = None
+    sandbox_id: str | None = None
+    action: str | None = None
+    since: str | None = None
+    until: str | None = None
+    text: str | None = None
+
+
+def audit_page(
+    db: Database, f: AuditFilter, *, scope: str | None, before: int | None, limit: int
+) -> tuple[list[AuditEvent], int | None]:
+    """One page of matching events, newest first, and the cursor of the next (older) page.
+
+    ``scope`` is the viewer's tenant (None: admin, who may filter by ``f.tenant``).
+    """
+    E = AuditEvent
+    stmt = select(E)
+    if scope is not None:
+        stmt = stmt.where(E.tenant_id == scope)
+    elif f.tenant:
+        stmt = stmt.where(E.tenant_id == f.tenant)
+    for column, value in ((E.sandbox_id, f.sandbox_id), (E.action, f.action)):
+        if value:
+            stmt = stmt.where(column == value)
+    if f.since:
+        stmt = stmt.where(E.ts >= f.since)
+    if f.until:
+        stmt = stmt.where(E.ts < f.until)
+    if f.text:
+        pattern = _like(f.text)
+        stmt = stmt.where(
+            or_(
+                cast(E.details, String).ilike(pattern, escape="\\"),
+                E.action.ilike(pattern, escape="\\"),
+            )
+        )
+    if before is not None:
+        stmt = stmt.where(E.seq < before)
+    with db.read() as s:
+        rows = list(s.execute(stmt.order_by(E.seq.desc()).limit(limit + 1)).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].seq if more and rows else None)
+
+
+def sandbox_events(
+    db: Database, sandbox_id: str, *, tenant: str | None, after: int, limit: int
+) -> tuple[list[AuditEvent], int | None]:
+    """A sandbox's events oldest first from ``seq > after``, and the next page's cursor."""
+    stmt = select(AuditEvent).where(AuditEvent.sandbox_id == sandbox_id, AuditEvent.seq > after)
+    stmt = _scoped(stmt, AuditEvent.tenant_id, tenant)
+    with db.read() as s:
+        rows = list(s.execute(stmt.order_by(AuditEvent.seq).limit(limit + 1)).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].seq if more and rows else None)
+
+
+@dataclass(frozen=True)
+class SandboxRelations:
+    """What a sandbox is tied to: its episodes, its snapshots, the sandboxes forked from
+    them, and the snapshot it was itself made from (with that snapshot's sandbox)."""
+
+    episodes: list[Episode]
+    snapshots: list[Snapshot]
+    forks: list[Sandbox]
+    source: Snapshot | None
+
+
+def sandbox_relations(db: Database, row: Sandbox) -> SandboxRelations:
+    """The relations of an (already authorized) sandbox row; bounded to 100 of each."""
+    with db.read() as s:
+        eps = list(
+            s.execute(
+                select(Episode).where(Episode.sandbox_id == row.id).order_by(Episode.created_at)
+            ).scalars()
+        )[:100]
+        snaps = list(
+            s.execute(
+                select(Snapshot)
+                .where(Snapshot.sandbox_id == row.id)
+                .order_by(Snapshot.created_at)
+                .limit(100)
+            ).scalars()
+        )
+        forks = (
+            list(
+                s.execute(
+                    select(Sandbox)
+                    .where(Sandbox.source_snapshot_id.in_([x.id for x in snaps]))
+                    .order_by(Sandbox.created_at)
+                    .limit(100)
+                ).scalars()
+            )
+            if snaps
+            else []
+        )
+        source = s.get(Snapshot, row.source_snapshot_id) if row.source_snapshot_id else None
+    return SandboxRelations(eps, snaps, forks, source)
+
+
+def _cursor(text: str | None, field: str) -> tuple[datetime, str] | None:
+    """Parse a ``<iso time>|<id>`` keyset cursor (InvalidRequest naming ``field``)."""
+    if not text:
+        return None
+    stamp, sep, ident = text.partition("|")
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        when = None
+    if not sep or not ident or when is None or when.tzinfo is None:
+        raise InvalidRequest(f"{field} must be a cursor from a previous page", field=field)
+    return when, ident
+
+
+def cursor_of(when: datetime, ident: str) -> str:
+    """The keyset cursor of a row sorted by (time, id)."""
+    return f"{when.isoformat()}|{ident}"
+
+
+def episodes_page(
+    db: Database,
+    *,
+    tenant: str | None,
+    job_id: str | None,
+    task_id: str | None,
+    state: str | None,
+    before: str | None,
+    limit: int,
+) -> tuple[list[Episode], str | None]:
+    """Episodes newest first (``created_at``, then id), filtered, and the next cursor."""
+    E = Episode
+    stmt = _scoped(select(E), E.tenant_id, tenant)
+    for column, value in ((E.job_id, job_id), (E.task_id, task_id), (E.state, state)):
+        if value:
+            stmt = stmt.where(column == value)
+    cur = _cursor(before, "before")
+    if cur is not None:
+        stmt = stmt.where(or_(E.created_at < cur[0], and_(E.created_at == cur[0], E.id < cur[1])))
+    with db.read() as s:
+        rows = list(
+            s.execute(stmt.order_by(E.created_at.desc(), E.id.desc()).limit(limit + 1)).scalars()
+        )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (cursor_of(rows[-1].created_at, rows[-1].id) if more and rows else None)
+
+
+@dataclass(frozen=True)
+class RewardPoint:
+    """One record as the reward plots need it (``reward`` None unless verified ok)."""
+
+    domain: str
+    task_id: str
+    group_id: str
+    created_at: datetime
+    reward: float | None
+    status: str
+
+
+def reward_points(
+    db: Database, *, tenant: str | None, domain: str | None, limit: int = 10_000
+) -> list[RewardPoint]:
+    """The newest ``limit`` records' plot columns, oldest first."""
+    R = RewardRecordRow
+    stmt = select(R.domain, R.task_id, R.group_id, R.created_at, R.reward, R.status)
+    stmt = _scoped(stmt, R.tenant_id, tenant)
+    if domain:
+        stmt = stmt.where(R.domain == domain)
+    with db.read() as s:
+        rows = s.execute(stmt.order_by(R.created_at.desc()).limit(limit)).all()
+    return [RewardPoint(*r) for r in reversed(rows)]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job with its work items counted by state and its records by verifier status."""
+
+    job: Job
+    items: dict[str, int]
+    records: dict[str, int]
+
+
+def jobs_page(
+    db: Database, *, tenant: str | None, before: str | None, limit: int
+) -> tuple[list[JobRow], str | None]:
+    """Jobs newest first with their progress counts (three queries per page)."""
+    cur = _cursor(before, "before")
+    stmt = _scoped(select(Job), Job.tenant_id, tenant)
+    if cur is not None:
+        stmt = stmt.where(
+            or_(Job.created_at < cur[0], and_(Job.created_at == cur[0], Job.id < cur[1]))
+        )
+    with db.read() as s:
+        jobs = list(
+            s.execute(
+                stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+            ).scalars()
+        )
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        ids = [j.id for j in jobs]
+        items = _counts(s, WorkItem.job_id, WorkItem.state, ids)
+        records = _counts(s, RewardRecordRow.job_id, RewardRecordRow.status, ids)
+    rows = [JobRow(j, items.get(j.id, {}), records.get(j.id, {})) for j in jobs]
+    return rows, (cursor_of(jobs[-1].created_at, jobs[-1].id) if more and jobs else None)
+
+
+def _counts(s: Session, key: Any, by: Any, ids: list[str]) -> dict[str, dict[str, int]]:
+    if not ids:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for k, v, n in s.execute(select(key, by, func.count()).where(key.in_(ids)).group_by(key, by)):
+        out.setdefault(k, {})[v] = n
+    return out
