@@ -8,15 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from service.api.rewards import RewardPage
-from service.rewards import RewardRecord
-from service.schemas import (
+from policy_client.schemas import (
     EpisodeGroupOut,
     EpisodeOut,
     ExecOut,
     FileOut,
     ForkOut,
     JobOut,
+    RewardPage,
+    RewardRecord,
     SandboxList,
     SandboxOut,
     SnapshotOut,

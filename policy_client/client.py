@@ -51,15 +51,15 @@ import httpx
 from policy_client import calls
 from policy_client.calls import Call
 from policy_client.errors import TransportError, raise_for_problem
-from service.api.rewards import RewardPage
-from service.rewards import RewardRecord
-from service.schemas import (
+from policy_client.schemas import (
     EpisodeGroupOut,
     EpisodeOut,
     ExecOut,
     FileOut,
     ForkOut,
     JobOut,
+    RewardPage,
+    RewardRecord,
     SandboxList,
     SandboxOut,
     SnapshotOut,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from service.schemas import ExecOut
+from policy_client.schemas import ExecOut
 
 PROMPT_VERSION = "1"
 DONE_MARKER = "<done/>"

@@ -25,8 +25,7 @@ from typing import Any
 from policy_client.client import AsyncClient, Client
 from policy_client.policies.base import Policy
 from policy_client.rollout import RolloutConfig, RolloutRunner
-from service.rewards import RewardRecord
-from service.schemas import JobOut
+from policy_client.schemas import JobOut, RewardRecord
 
 
 class RayUnavailable(RuntimeError):

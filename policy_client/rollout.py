@@ -60,8 +60,7 @@ from policy_client.policies.base import (
     Traffic,
 )
 from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, parse_action
-from service.rewards import RewardRecord
-from service.schemas import EpisodeOut, WorkItemOut
+from policy_client.schemas import EpisodeOut, RewardRecord, WorkItemOut
 
 log = logging.getLogger(__name__)
 

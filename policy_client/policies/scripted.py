@@ -11,7 +11,6 @@ from typing import Any
 from policy_client import calls
 from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
 from policy_client.prompt import DONE_MARKER
-from service.tasks.loader import load_suite
 
 
 class NoopPolicy:
@@ -34,11 +33,21 @@ class OraclePolicy:
     """Uploads the task's ``solution/`` to ``/solution`` and runs ``solve.sh`` in the workdir.
 
     ``suite_dir`` is the local folder of the suite (the solutions never go through the API).
+    Reading it takes the server's task loader: under a client-only install
+    (``crucible-client``) this raises ``ImportError`` saying so.
     """
 
     name, version = "oracle", "1"
 
     def __init__(self, suite_dir: str | Path) -> None:
+        try:
+            from service.tasks.loader import load_suite
+        except ImportError as e:
+            raise ImportError(
+                "OraclePolicy reads the suite's solutions with the server's task loader, which "
+                "crucible-client does not ship: install the crucible distribution instead (it "
+                "holds the client too)"
+            ) from e
         self.suite = load_suite(suite_dir)
 
     def _solution(self, task_id: str) -> Path:

@@ -15,9 +15,8 @@ import pytest
 
 from policy_client import errors
 from policy_client.client import AsyncClient, Client
+from policy_client.schemas import JobOut, RewardRecord, WorkItemOut
 from service import errors as service_errors
-from service.rewards import RewardRecord
-from service.schemas import JobOut, WorkItemOut
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
 JOB = {

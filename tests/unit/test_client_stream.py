@@ -12,7 +12,7 @@ import pytest
 
 from policy_client import errors
 from policy_client.client import AsyncClient, Client, ExecChunk
-from service.schemas import ExecOut
+from policy_client.schemas import ExecOut
 from tests.integration.api.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.docker
