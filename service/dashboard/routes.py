@@ -37,7 +37,7 @@ from service.dashboard.catalog import catalog
 from service.dashboard.render import SECURITY_HEADERS, page
 from service.dashboard.session import LOGIN_COOKIE, LOGIN_TTL_S, SESSION_COOKIE
 from service.db.models import Sandbox, utcnow
-from service.errors import AuthError, Forbidden, NotFound
+from service.errors import AuthError, Forbidden, InvalidRequest, NotFound
 from service.metrics import AUTH_FAILURES
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -245,6 +245,18 @@ def sandbox_page(
 # --------------------------------------------------------------------------- audit
 
 
+def _when(text: str, field: str) -> datetime:
+    """An ISO 8601 time from a form field (``datetime-local`` sends one without zone).
+
+    Raises:
+        InvalidRequest: not a time (names ``field``).
+    """
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError as e:
+        raise InvalidRequest(f"{field} must be an ISO 8601 time", field=field) from e
+
+
 def _chain(request: Request) -> dict[str, Any] | None:
     return getattr(request.app.state, "dashboard_chain", None)
 
@@ -257,8 +269,8 @@ def audit_page(
     tenant: str | None = Query(None, max_length=64),
     sandbox_id: str | None = Query(None, max_length=40),
     action: str | None = Query(None, max_length=64),
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: str | None = Query(None, max_length=40, description="ISO 8601; no zone: UTC"),
+    until: str | None = Query(None, max_length=40, description="ISO 8601; no zone: UTC"),
     q: str | None = Query(None, max_length=200),
     before: int | None = Query(None, ge=1, le=MAX_SEQ),
     limit: int = Query(PAGE, ge=1, le=queries.MAX_PAGE),
@@ -268,8 +280,8 @@ def audit_page(
         tenant=tenant or None,
         sandbox_id=sandbox_id or None,
         action=action or None,
-        since=_iso(since, "since") if since else None,
-        until=_iso(until, "until") if until else None,
+        since=_iso(_when(since, "since"), "since") if since else None,
+        until=_iso(_when(until, "until"), "until") if until else None,
         text=q or None,
     )
     rows, next_before = queries.audit_page(
@@ -281,8 +293,8 @@ def audit_page(
             "tenant": tenant if viewer.is_admin else None,
             "sandbox_id": sandbox_id,
             "action": action,
-            "since": since.isoformat() if since else None,
-            "until": until.isoformat() if until else None,
+            "since": since,
+            "until": until,
             "q": q,
             "limit": limit if limit != PAGE else None,
         }.items()
