@@ -8,11 +8,14 @@ failed with ``cause="verifier"`` (an attempt used; the server retries it a bound
 times); losing the server or the claim mid-episode (transport errors, 502/503 after the
 client's retries, the episode's sandbox or claim gone) is an ``infrastructure`` failure: the
 episode is not verified, the item is re-queued without using an attempt, and a retry re-runs
-only the samples still missing. The SDK retries every call but exec through restarts, so a
-worker rides out a control-plane restart; a worker killed mid-job loses at most its
-in-flight episodes, whose claims lapse back to the queue within the lease. Policy calls
-from all running episodes are gathered into batches (``batch_size`` requests, or whatever
-arrived within ``batch_wait_s``) and run in a worker thread, so a GPU policy sees full batches.
+only the samples still missing. A start the server refuses with a 4xx (a task image that does
+not build, ``TaskBuildFailed``; a malformed or removed task) fails the same way on every try:
+it completes the item with ``cause="verifier"`` and the server's reason, using an attempt.
+The SDK retries every call but exec through restarts, so a worker rides out a control-plane
+restart; a worker killed mid-job loses at most its in-flight episodes, whose claims lapse
+back to the queue within the lease. Policy calls from all running episodes are gathered into
+batches (``batch_size`` requests, or whatever arrived within ``batch_wait_s``) and run in a
+worker thread, so a GPU policy sees full batches.
 
 An episode stops at the done marker (``complete``), after ``max_turns`` policy turns
 (``max_turns``), when the task's agent timeout has passed (``agent_timeout``), when the
@@ -45,6 +48,7 @@ from typing import Any
 
 from policy_client.client import AsyncClient, Client
 from policy_client.errors import (
+    APIError,
     ClientError,
     ConflictError,
     NotFoundError,
@@ -67,6 +71,16 @@ log = logging.getLogger(__name__)
 # Failures of the control plane or the episode's sandbox (released when its claim lapsed):
 # the episode is not verified and its sample is re-run by the item's retry.
 INFRASTRUCTURE = (TransportError, ServerError, ConflictError, NotFoundError)
+
+
+def _start_cause(error: ClientError) -> str:
+    """Why starting a group failed, as ``complete`` takes it: a 4xx answer other than a
+    conflict (the task's image does not build, the task is malformed or gone, the request
+    is invalid) is the same on every try, so it uses an attempt (``verifier``: the task's
+    side, not the policy's); transport errors and 5xx are ``infrastructure`` (re-queued)."""
+    if isinstance(error, APIError) and 400 <= error.status < 500 and error.status not in (409, 429):
+        return "verifier"
+    return "infrastructure"
 
 
 @dataclass(kw_only=True)
@@ -227,7 +241,7 @@ class RolloutRunner:
             return  # else the claim is gone: its new holder runs the item
         except ClientError as e:
             await self._complete(
-                item, ok=False, error=f"{type(e).__name__}: {e}", cause="infrastructure"
+                item, ok=False, error=f"{type(e).__name__}: {e}"[:2000], cause=_start_cause(e)
             )
             return
         results = await asyncio.gather(

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import dashboard, idempotency, recovery, tenants
 from service.api import (
     audit,
+    builds,
     health,
     jobs,
     limits,
@@ -119,6 +120,7 @@ def create_app(
             try:
                 yield
             finally:
+                c.tasks.builds().cancel_all()  # shutdown never waits for a task build
                 await run_in_threadpool(c.pools.stop, drain_warm=True)
         finally:
             if lock is not None:
@@ -134,7 +136,17 @@ def create_app(
     problems.install(app)
     routers = [
         r.router
-        for r in (health, sandboxes, snapshots, templates_pools, tasks, jobs, rewards, audit)
+        for r in (
+            health,
+            sandboxes,
+            snapshots,
+            templates_pools,
+            tasks,
+            builds,
+            jobs,
+            rewards,
+            audit,
+        )
     ]
     for router in routers:
         app.include_router(router)

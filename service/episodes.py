@@ -25,7 +25,7 @@ from service.db.models import Episode, RewardRecordRow, Sandbox, WorkItem, utcno
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.pool import spec_for
-from service.tasks import verifier_network
+from service.tasks import builds, verifier_network
 from service.tasks.models import Task
 from service.tasks.registry import template_name
 from service.templates import Template
@@ -153,7 +153,8 @@ def start(
     if not slots.new:
         return reused
     t0 = time.perf_counter()
-    template = ensure_template(ctx, task)
+    with builds.on_behalf_of(job_id, tenant_id=principal.tenant_id):  # its build is theirs
+        template = ensure_template(ctx, task)
     ttl = ttl_s or int(task.agent_timeout_s + task.verifier_timeout_s + 300)
     meta = {"task_id": task.id, "suite": task.suite, "job_id": job_id}
     n = len(slots.new)

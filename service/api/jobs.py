@@ -15,6 +15,7 @@ from service.context import ServiceContext
 from service.db.models import Job, WorkItem
 from service.errors import CrucibleError, InvalidRequest
 from service.schemas import ClaimIn, CompleteIn, JobIn, JobOut, WorkItemOut
+from service.tasks import builds
 from service.tasks.registry import template_name
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -58,9 +59,12 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
     )
 
 
-def _prepare(ctx: ServiceContext, tenant_id: str, suite: str, task_ids: list[str]) -> None:
+def _prepare(
+    ctx: ServiceContext, job_id: str, tenant_id: str, suite: str, task_ids: list[str]
+) -> None:
     """Build the job's task images and ask for two warm sandboxes per task (background): one
-    for an episode, one for the pristine sandbox its verification takes.
+    for an episode, one for the pristine sandbox its verification takes. The builds are the
+    job's (``builds.on_behalf_of``): cancelling the job stops those no one else wants.
 
     The warm sandboxes a tenant's jobs ask for, over all its jobs and templates, stay
     within the room its sandbox quota has now (``tenants.sandbox_room``): past it, tasks
@@ -68,13 +72,14 @@ def _prepare(ctx: ServiceContext, tenant_id: str, suite: str, task_ids: list[str
     """
     with ctx.db.read() as s:
         budget = tenants.sandbox_room(s, tenant_id)
-    for task_id in task_ids:
-        try:
-            task = episodes.resolve_task(ctx, task_id, suite)
-            template = episodes.ensure_template(ctx, task)
-            ctx.pools.add_demand(template, 2, owner=tenant_id, budget=budget)
-        except CrucibleError as e:
-            log.warning("preparing %s/%s failed: %s", suite, task_id, e.detail)
+    with builds.on_behalf_of(job_id, tenant_id=tenant_id):
+        for task_id in task_ids:
+            try:
+                task = episodes.resolve_task(ctx, task_id, suite)
+                template = episodes.ensure_template(ctx, task)
+                ctx.pools.add_demand(template, 2, owner=tenant_id, budget=budget)
+            except CrucibleError as e:  # BuildCancelled included: the job was cancelled
+                log.warning("preparing %s/%s failed: %s", suite, task_id, e.detail)
 
 
 @router.post(
@@ -107,7 +112,7 @@ def create_job(body: JobIn, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     )
     threading.Thread(
         target=_prepare,
-        args=(ctx, principal.tenant_id, body.suite, task_ids),
+        args=(ctx, job.id, principal.tenant_id, body.suite, task_ids),
         daemon=True,
         name=f"prepare-{job.id}",
     ).start()
@@ -138,8 +143,10 @@ def claim(job_id: str, body: ClaimIn, ctx: Ctx, principal: CurrentPrincipal) -> 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409))
 def cancel(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
-    """Cancel a job's queued items; its warm-pool demand is dropped."""
+    """Cancel a job's queued items; its warm-pool demand is dropped and the task builds it
+    started stop (those no other job or request waits for)."""
     job = scheduler.cancel(ctx.db, principal, job_id)
+    ctx.tasks.builds().cancel_job(job.id)
     for task_id in job.task_ids:
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
             template = template_name(episodes.resolve_task(ctx, task_id, job.suite))

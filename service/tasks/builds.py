@@ -48,15 +48,21 @@ State = Literal["running", "built", "failed", "cancelled"]
 _requester: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "crucible_build_requester", default=None
 )
+_tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "crucible_build_tenant", default=None
+)
 
 
 @contextmanager
-def on_behalf_of(job_id: str | None) -> Iterator[None]:
-    """Builds started inside this block are the job's (``cancel_job`` can stop them)."""
+def on_behalf_of(job_id: str | None, *, tenant_id: str | None = None) -> Iterator[None]:
+    """Builds started or joined inside this block are the job's (``cancel_job`` can stop
+    them) and, with ``tenant_id``, visible to that tenant (``Build.tenants``)."""
     token = _requester.set(job_id)
+    tenant_token = _tenant.set(tenant_id)
     try:
         yield
     finally:
+        _tenant.reset(tenant_token)
         _requester.reset(token)
 
 
@@ -112,7 +118,10 @@ class Attempt:
 
 @dataclass
 class Build:
-    """One wanted task image and its attempts (``state`` as the module docstring says)."""
+    """One wanted task image and its attempts (``state`` as the module docstring says).
+
+    ``requesters``: job ids (None: outside a job); ``tenants``: who asked for it (the
+    tenants that may read it through the API; admins read every build)."""
 
     id: str
     task: str
@@ -122,6 +131,7 @@ class Build:
     state: State = "running"
     tag: str | None = None
     requesters: list[str | None] = field(default_factory=list)
+    tenants: list[str] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
     error: str | None = None
 
@@ -170,6 +180,7 @@ class BuildTracker:
         with self._lock:
             known = self._failed.get(digest)
         if known is not None:
+            self.join(known.build_id)  # this requester may read the log the error names
             raise known
         build = Build(
             id=new_id("bld"),
@@ -178,6 +189,7 @@ class BuildTracker:
             digest=digest,
             created_at=_now(),
             requesters=[current_requester()],
+            tenants=[t] if (t := _tenant.get()) is not None else [],
         )
         cancel = threading.Event()
         with self._lock:
@@ -256,6 +268,9 @@ class BuildTracker:
             build = self._builds.get(build_id)
             if build is not None and current_requester() not in build.requesters:
                 build.requesters.append(current_requester())
+            tenant = _tenant.get()
+            if build is not None and tenant is not None and tenant not in build.tenants:
+                build.tenants.append(tenant)
 
     def running_for(self, digest: str) -> str | None:
         """The id of the running build of ``digest``, if any."""
