@@ -141,7 +141,11 @@ def list_builds(ctx: Ctx, principal: CurrentPrincipal) -> BuildList:
     return BuildList(builds=[build_out(ctx, principal, d) for d in seen if _may_see(principal, d)])
 
 
-@router.get("/builds/{build_id}", response_model=BuildOut, responses=error_responses(404))
+@router.get(
+    "/builds/{build_id}",
+    response_model=BuildOut,
+    responses=error_responses(404, 422),  # 422: build_id is checked in its dependency
+)
 def get_build(build: VisibleBuild, ctx: Ctx, principal: CurrentPrincipal) -> BuildOut:
     """One build and its attempts."""
     return build_out(ctx, principal, build)

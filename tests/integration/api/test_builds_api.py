@@ -67,14 +67,13 @@ def _slow(stack: Stack, root: Path) -> tuple[str, str]:
     return name, marker
 
 
-def _sleepers(marker: str) -> list[object]:
+def _sleepers(marker: str) -> list[str]:
+    """Running containers whose command carries ``marker`` (one engine call: no race with a
+    container that goes away while it is listed)."""
     client = docker.from_env()
     try:
-        return [
-            c
-            for c in client.containers.list()
-            if marker in " ".join(c.attrs["Config"]["Cmd"] or [])
-        ]
+        listed = client.api.containers()
+        return [c["Id"] for c in listed if marker in (c.get("Command") or "")]
     finally:
         client.close()
 
