@@ -33,6 +33,7 @@ for _ in $(seq 1 240); do
 done
 [ -n "$ready" ] || { echo "crucible serve is not ready after 120 s; see $log" >&2; tail -20 "$log" >&2; exit 1; }
 echo "demo: control plane at $CRUCIBLE_URL (log $log)"
+echo "demo: dashboard at $CRUCIBLE_URL/dashboard (sign in with an API key, e.g. \$CRUCIBLE_API_KEY)"
 
 suites=()
 for d in tasks/*/; do

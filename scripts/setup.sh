@@ -3,6 +3,7 @@
 #   1. Python: .venv with the project installed editable (skipped when pyproject.toml is unchanged)
 #   2. Docker engine: reuse a reachable one; else install docker.io (apt) and start dockerd
 #   3. debootstrap, when the base image is to be built here (BASE_IMAGE unset)
+#   4. chromium and chromium-driver (apt) for the dashboard's browser tests
 # Environment: PYTHON (interpreter for the venv), BASE_IMAGE / CRUCIBLE_BASE_IMAGE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -110,5 +111,16 @@ if [ -z "${BASE_IMAGE:-}${CRUCIBLE_BASE_IMAGE:-}" ] && ! command -v debootstrap 
   say "base image: installing debootstrap (apt-get)"
   apt_install debootstrap \
     || die "debootstrap is needed to build the base image: install it, or set BASE_IMAGE=debian:bookworm-slim"
+fi
+# --------------------------------------------------------------------------- 4. browser
+# The dashboard's browser tests (tests/e2e) drive Debian's headless Chromium with selenium.
+if ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
+  if command -v apt-get >/dev/null 2>&1; then
+    say "browser: installing chromium and chromium-driver (apt-get; for tests/e2e)"
+    apt_install chromium chromium-driver \
+      || say "browser: apt-get install chromium chromium-driver failed (log: $STATE_DIR/logs/apt.log); tests/e2e will fail"
+  else
+    say "browser: no apt-get: install Chromium and chromedriver for tests/e2e"
+  fi
 fi
 say "ready"

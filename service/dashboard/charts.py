@@ -104,7 +104,10 @@ def histogram(h: Histogram, *, title: str, width: int = 300, height: int = 140) 
 def stacked_bar(parts: Sequence[tuple[str, int]], *, width: int = 240, height: int = 14) -> Markup:
     """One horizontal bar split by ``(label, count)`` parts (job progress, statuses)."""
     total = sum(n for _, n in parts) or 1
-    out = [f'<svg class="bar-h" viewBox="0 0 {width} {height}" role="img" aria-label="progress">']
+    out = [
+        f'<svg class="bar-h" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'role="img" aria-label="progress">'
+    ]
     x = 0.0
     for label, n in parts:
         w = width * n / total

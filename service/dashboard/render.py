@@ -41,8 +41,14 @@ def _when(value: datetime | str | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _bytes(n: int | float | None) -> str:
-    if n is None:
+def _number(v: Any) -> bool:
+    """True for an int or float (not a bool): details are free-form JSON, so anything else
+    (missing, text, null) renders as "-" instead of failing the page."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _bytes(n: Any) -> str:
+    if not _number(n):
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -51,12 +57,12 @@ def _bytes(n: int | float | None) -> str:
     return str(n)
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else (f"{v:.0f} ms" if v < 10_000 else f"{v / 1000:.1f} s")
+def _ms(v: Any) -> str:
+    return "-" if not _number(v) else (f"{v:.0f} ms" if v < 10_000 else f"{v / 1000:.1f} s")
 
 
-def _rate(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:.0f}%"
+def _rate(v: Any) -> str:
+    return "-" if not _number(v) else f"{v * 100:.0f}%"
 
 
 def _cap(text: Any, n: int = 300) -> str:

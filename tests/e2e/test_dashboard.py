@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -108,7 +109,7 @@ def seeded(stack: Stack) -> Seeded:
                 domain=domain,
                 template="tiny",
                 image_digest="sha256:0",
-                sandbox_id=sa,
+                sandbox_id=sa if i == 0 else f"sb_seeded{i:04d}",
                 state="verified",
                 created_at=now - timedelta(minutes=120 - i),
             )
@@ -258,7 +259,7 @@ def test_overview_refreshes_live(browser, stack, seeded) -> None:
     before = browser.find_element(By.ID, "refreshed").get_attribute("data-t")
     new = _lease(stack.alice)
     try:
-        WebDriverWait(browser, 15).until(
+        WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda d: new in d.find_element(By.ID, "live-sandboxes").text
         )
         assert browser.execute_script("return window.__same_page") is True  # not reloaded
