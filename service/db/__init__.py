@@ -1,1 +1,1 @@
-"""Persistence: SQLAlchemy 2 models, the engine/session factory, Alembic migrations."""
+"""Persistence: SQLAlchemy 2 models and the engine/session factory (Alembic in ``migrations/``)."""

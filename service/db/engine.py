@@ -17,7 +17,10 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+import migrations
+
+# Top-level ``migrations/`` (a package, so the wheel ships it with its versions).
+MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 
 def _sqlite_setup(engine: Engine) -> None:
