@@ -27,7 +27,8 @@ class Settings(BaseSettings):
     replica: bool = Field(
         False,
         description="Serve as a replica: skip the one-server-per-deployment lock "
-        "(service.serverlock). Multi-replica coordination is not built yet.",
+        "(service.serverlock); replicas coordinate through CRUCIBLE_REDIS_URL "
+        "(service.coordination).",
     )
     deployment: str = Field(
         "",

@@ -280,7 +280,13 @@ def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:
         )
         if cid is not None:
             return cid
-    spec = spec_for(template, new_id("vf"), ctx.settings.deployment, image=ep.image_digest)
+    spec = spec_for(
+        template,
+        new_id("vf"),
+        ctx.settings.deployment,
+        image=ep.image_digest,
+        replica=ctx.pools.replica_id,
+    )
     if net.network != "none":  # the verifier network policy: this sandbox only
         spec = dataclasses.replace(spec, network=net.network, env={**spec.env, **net.env})
     cid = ctx.runtime.create(spec)

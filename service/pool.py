@@ -5,6 +5,12 @@ One ``PoolManager`` per control-plane process. Its background thread ticks every
 released. ``claim`` is the lease fast path: one guarded UPDATE of a warm row.
 ``reconcile`` runs once at start-up: adopt the containers the DB knows, destroy labelled
 containers of this deployment it does not, fail rows whose container is gone.
+
+Across replicas (``service.coordination``): each template's pool is refilled and trimmed
+only by the replica holding its refill lock; warm demand is the combination of every live
+replica's; containers carry their creator's id (``crucible.replica``), and a replica's
+reconcile leaves alone what another live replica may own, while the pool loop reclaims the
+``starting`` rows and containers of replicas whose heartbeat lapsed.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
 
-from service import audit, tenants
+from service import audit, coordination, tenants
 from service.config import Settings
+from service.coordination import LABEL_REPLICA, Coordinator, InProcessCoordinator
 from service.db.engine import Database
 from service.db.models import Pool, Sandbox, utcnow
 from service.errors import CrucibleError, NotFound
@@ -31,13 +38,21 @@ log = logging.getLogger("crucible.pool")
 
 ENDED_STATES = ("released", "expired", "failed")
 PRUNE_EVERY_S = 60.0
+DEAD_REPLICAS_EVERY_S = 5.0
 
 
 def spec_for(
-    template: Template, sandbox_id: str, deployment: str, image: str | None = None
+    template: Template,
+    sandbox_id: str,
+    deployment: str,
+    image: str | None = None,
+    *,
+    replica: str | None = None,
 ) -> SandboxSpec:
-    """The runtime spec of a sandbox made from ``template`` (``image`` overrides, for forks)."""
+    """The runtime spec of a sandbox made from ``template`` (``image`` overrides, for forks);
+    ``replica`` labels the container with the id of the replica that creates it."""
     return SandboxSpec(
+        extra_labels={LABEL_REPLICA: replica} if replica else {},
         sandbox_id=sandbox_id,
         template=template.name,
         deployment=deployment,
@@ -65,8 +80,11 @@ class PoolManager:
         db: Database,
         runtime: SandboxRuntime,
         templates: TemplateRegistry,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.settings = settings
+        self.coord = coordinator or coordination.build(settings)
+        self.replica_id = self.coord.replica_id
         self.db = db
         self.runtime = runtime
         self.templates = templates
@@ -78,8 +96,7 @@ class PoolManager:
         self._inflight: dict[str, int] = {}
         self._images_seen: dict[str, tuple[bool, float]] = {}
         self._pruned_at = 0.0
-        # in-process warm targets asked for by jobs: (tenant, template) -> size
-        self._demand: dict[tuple[str | None, str], int] = {}
+        self._dead_checked_at = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -129,17 +146,18 @@ class PoolManager:
         has room for)."""
         with self._lock:
             key = (owner, template)
-            held = sum(n for (o, t), n in self._demand.items() if o == owner and t != template)
+            demands = self.coord.demands()
+            held = sum(n for (o, t), n in demands.items() if o == owner and t != template)
             granted = size if budget is None else max(0, min(size, budget - held))
             if granted:
-                self._demand[key] = max(self._demand.get(key, 0), granted)
+                self.coord.put_demand(key, granted)
         self._wake.set()
         return granted
 
     def drop_demand(self, template: str, *, owner: str | None = None) -> None:
-        """Forget ``owner``'s demand for ``template``; surplus warm sandboxes are trimmed."""
-        with self._lock:
-            self._demand.pop((owner, template), None)
+        """Forget ``owner``'s demand for ``template`` (on every replica); surplus warm
+        sandboxes are trimmed."""
+        self.coord.drop_demand((owner, template))
         self._wake.set()
 
     def levels(self) -> dict[str, dict[str, int]]:
@@ -156,9 +174,8 @@ class PoolManager:
             }
         out: dict[str, dict[str, int]] = {}
         demand: dict[str, int] = {}
-        with self._lock:
-            for (_, template), n in self._demand.items():
-                demand[template] = max(demand.get(template, 0), n)
+        for (_, template), n in self.coord.demands().items():
+            demand[template] = max(demand.get(template, 0), n)
         names = {t.name for t in self.templates.all()} | set(overrides) | {r[0] for r in rows}
         for name in names:
             tgt = max(
@@ -261,7 +278,9 @@ class PoolManager:
         Raises:
             SandboxError: the runtime failed (the row is marked failed by the caller).
         """
-        cid = self.runtime.create(spec_for(template, row_id, self.deployment, image))
+        cid = self.runtime.create(
+            spec_for(template, row_id, self.deployment, image, replica=self.replica_id)
+        )
         with self.db.session() as s:
             s.execute(
                 update(Sandbox)
@@ -303,7 +322,7 @@ class PoolManager:
                         state="starting",
                         cpus=template.cpus,
                         memory_mb=template.memory_mb,
-                        metadata_={},
+                        metadata_={"replica": self.replica_id},
                     )
                 )
             self.start_container(sid, template)
@@ -324,12 +343,13 @@ class PoolManager:
                 self._inflight[template.name] -= 1
 
     def refill(self) -> None:
-        """Start sandboxes where a template's warm + starting count is below its target."""
+        """Start sandboxes where a template's warm + starting count is below its target
+        (only for templates whose refill lock this replica holds)."""
         for name, lv in self.levels().items():
             with self._lock:
                 inflight = self._inflight.get(name, 0)
             deficit = lv["target"] - lv["warm"] - max(lv["starting"], inflight)
-            if deficit <= 0:
+            if deficit <= 0 or not self.coord.hold_refill(name):
                 continue
             try:
                 template = self.templates.get(name)
@@ -344,10 +364,11 @@ class PoolManager:
                 self._executor.submit(self._refill_one, template)
 
     def trim(self) -> None:
-        """Destroy warm sandboxes in excess of each template's target."""
+        """Destroy warm sandboxes in excess of each template's target (only for templates
+        whose refill lock this replica holds)."""
         for name, lv in self.levels().items():
             excess = lv["warm"] - lv["target"]
-            if excess <= 0:
+            if excess <= 0 or not self.coord.hold_refill(name):
                 continue
             with self.db.session() as s:
                 ids = (
@@ -475,7 +496,18 @@ class PoolManager:
         containers a crash left paused: mid-snapshot, or frozen for verification).
         """
         containers = {c.sandbox_id: c for c in self.runtime.list(deployment=self.deployment)}
-        counts = {"adopted": 0, "destroyed": 0, "failed": 0, "thawed": 0}
+        counts = {"adopted": 0, "destroyed": 0, "failed": 0, "thawed": 0, "left_to_others": 0}
+        live_replicas = self._live_replicas()
+        alone = live_replicas is not None and live_replicas <= {self.replica_id}
+
+        def others_may_own(owner: str | None) -> bool:
+            """Whether another live replica may be using what ``owner`` created."""
+            if alone:
+                return False
+            if owner is None or live_replicas is None:
+                return True
+            return owner != self.replica_id and owner in live_replicas
+
         with self.db.session() as s:
             rows = (
                 s.execute(
@@ -490,13 +522,20 @@ class PoolManager:
         live = set(containers)
         for sid, c in containers.items():
             row = known.get(sid)
+            if others_may_own(c.labels.get(LABEL_REPLICA)):
+                continue
             if row is None or row.state == "starting" or c.status not in ("running", "paused"):
                 self.runtime.destroy(c.container_id)
                 counts["destroyed"] += 1
                 live.discard(sid)
-        self.runtime.prune_host_state(deployment=self.deployment, live_sandbox_ids=live)
+        if alone:  # a live replica's starting sandbox has host state before its container
+            self.runtime.prune_host_state(deployment=self.deployment, live_sandbox_ids=live)
         for sid, row in known.items():
             c = containers.get(sid)
+            owner = c.labels.get(LABEL_REPLICA) if c else (row.metadata_ or {}).get("replica")
+            if (row.state == "starting" or c is not None) and others_may_own(owner):
+                counts["left_to_others"] += 1  # mid-start, or maybe paused for a snapshot
+                continue
             if row.state == "starting" or c is None or c.status not in ("running", "paused"):
                 self.mark_failed(sid, "lost across a control-plane restart")
                 counts["failed"] += 1
@@ -519,10 +558,61 @@ class PoolManager:
                     )
             counts["adopted"] += 1
         with self.db.session() as s:
-            tenants.recompute_usage(s)
+            if alone:  # another replica's leases in flight would race the recount
+                tenants.recompute_usage(s)
             audit.record(
-                s, "deployment.reconcile", details={"deployment": self.deployment, **counts}
+                s,
+                "deployment.reconcile",
+                details={"deployment": self.deployment, "replica": self.replica_id, **counts},
             )
+        return counts
+
+    def _live_replicas(self) -> set[str] | None:
+        """Live replica ids; just this one for a lone server; None when a replica cannot
+        know (no shared coordination, or Redis down)."""
+        if not self.settings.replica:
+            return {self.replica_id}
+        if isinstance(self.coord, InProcessCoordinator):
+            return None
+        return self.coord.live_replicas()
+
+    def reclaim_dead_replicas(self) -> dict[str, int]:
+        """Fail the unleased ``starting`` rows and destroy the row-less containers of
+        replicas whose heartbeat lapsed (a replica killed mid-refill). Does nothing while the
+        live set is unknown. Returns counts: ``failed`` rows, ``destroyed`` containers."""
+        counts = {"failed": 0, "destroyed": 0}
+        live = self._live_replicas()
+        if not self.settings.replica or live is None:
+            return counts
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Sandbox.id, Sandbox.metadata_).where(
+                    Sandbox.deployment == self.deployment,
+                    Sandbox.state == "starting",
+                    Sandbox.tenant_id.is_(None),
+                )
+            ).all()
+        for sid, meta in rows:
+            owner = (meta or {}).get("replica")
+            if owner and owner not in live:
+                self.mark_failed(sid, f"replica {owner} died while starting it")
+                counts["failed"] += 1
+        containers = self.runtime.list(deployment=self.deployment)
+        with self.db.read() as s:
+            alive = set(
+                s.execute(
+                    select(Sandbox.id).where(
+                        Sandbox.deployment == self.deployment, Sandbox.state.not_in(ENDED_STATES)
+                    )
+                ).scalars()
+            )
+        for c in containers:
+            owner = c.labels.get(LABEL_REPLICA)
+            if owner and owner not in live and c.sandbox_id not in alive:
+                self._destroy_quietly(c.container_id)
+                counts["destroyed"] += 1
+        if counts["failed"] or counts["destroyed"]:
+            log.info("reclaimed from dead replicas: %s", counts)
         return counts
 
     # -- background loop -------------------------------------------------------------------
@@ -536,6 +626,9 @@ class PoolManager:
         self.trim()
         self.refill()
         now = time.monotonic()
+        if self.settings.replica and now - self._dead_checked_at >= DEAD_REPLICAS_EVERY_S:
+            self._dead_checked_at = now
+            self.reclaim_dead_replicas()
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
             self.background(self.runtime.prune_snapshots, deployment=self.deployment)
@@ -550,7 +643,8 @@ class PoolManager:
             self._wake.clear()
 
     def start(self) -> None:
-        """Start the maintenance thread."""
+        """Start coordination (heartbeat) and the maintenance thread."""
+        self.coord.start()
         self._thread = threading.Thread(target=self._loop, name="crucible-pool-loop", daemon=True)
         self._thread.start()
 
@@ -559,13 +653,15 @@ class PoolManager:
         self._wake.set()
 
     def stop(self, *, drain_warm: bool = True) -> None:
-        """Stop the loop; with ``drain_warm`` destroy this deployment's warm sandboxes."""
+        """Stop the loop; with ``drain_warm`` destroy this deployment's warm sandboxes
+        (not while another replica lives: they stay its to lease)."""
         self._stop.set()
         self._wake.set()
         if self._thread:
             self._thread.join(timeout=10)
         self._executor.shutdown(wait=True, cancel_futures=True)
-        if drain_warm:
+        live = self._live_replicas()
+        if drain_warm and live is not None and live <= {self.replica_id}:
             with self.db.session() as s:
                 ids = (
                     s.execute(
@@ -587,6 +683,7 @@ class PoolManager:
             for sid in ids:
                 self.destroy_async(sid)
         self._destroyer.shutdown(wait=True)
+        self.coord.close()
 
 
 def lease_expiry(ttl_s: int) -> datetime:

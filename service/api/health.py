@@ -29,11 +29,19 @@ def healthz() -> dict[str, str]:
     },
 )
 def readyz(ctx: Ctx) -> JSONResponse:
-    """Ready when the database and the Docker engine answer (503 otherwise)."""
+    """Ready when the database and the Docker engine answer (503 otherwise).
+
+    ``coordination`` reports the replicas' shared state (``service.coordination``): with
+    Redis unreachable the status is ``degraded`` (still 200: leasing rests on the database;
+    refill falls back to one replica on an advisory lock).
+    """
     checks = {"database": ctx.db.ping(), "docker": ctx.runtime.ping()}
+    coordination = ctx.pools.coord.health()
     ok = all(checks.values())
+    status = "unavailable" if not ok else "ok" if coordination["ok"] else "degraded"
     return JSONResponse(
-        {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
+        {"status": status, "checks": checks, "coordination": coordination},
+        status_code=200 if ok else 503,
     )
 
 
