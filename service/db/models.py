@@ -271,6 +271,10 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # the job's schedule (``service.scheduler.spec.Schedule``); None: one suite, FIFO
+    schedule: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # the newest policy version a claim of the job carried (bounded staleness)
+    policy_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class WorkItem(Base):
@@ -298,6 +302,12 @@ class WorkItem(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     claim_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     claims: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    suite: Mapped[str | None] = mapped_column(String(200), nullable=True)  # None: the job's
+    policy_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # origin ("budget", "degraded_from"), stragglers, stale: see service.scheduler.core
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         Index("ix_work_queue", "state", "priority", "created_at"),
