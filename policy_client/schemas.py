@@ -257,6 +257,8 @@ class JobOut(_Out):
     created_at: datetime
     finished_at: datetime | None
     progress: dict[str, Any]
+    schedule: dict[str, Any] | None = None
+    policy_version: int | None = None
 
 
 class WorkItemOut(_Out):
@@ -276,6 +278,7 @@ class WorkItemOut(_Out):
     claims: int = 0
     suite: str
     policy: dict[str, Any]
+    policy_version: int | None = None
 
 
 # --------------------------------------------------------------------------- reward records

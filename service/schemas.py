@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from service.scheduler.spec import Schedule
 from service.text import find_unencodable
 
 MetadataValue = str | int | float | bool | None
@@ -340,14 +341,19 @@ class VerifyIn(_Model):
 
 
 class JobIn(_Model):
-    """``POST /v1/jobs``: tasks x group size for one policy (all of ``suite`` by default)."""
+    """``POST /v1/jobs``: tasks x group size for one policy (all of ``suite`` by default).
 
-    suite: str = Field(min_length=1, max_length=200)
+    A mixed-domain job leaves ``suite`` and ``task_ids`` out and names its domains in
+    ``schedule.mix``; ``schedule`` also selects budgets, limits, stragglers and staleness.
+    """
+
+    suite: str | None = Field(None, min_length=1, max_length=200)
     task_ids: list[str] | None = Field(None, max_length=10000)
     group_size: int = Field(1, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
     policy: PolicyIn
     max_attempts: int = Field(3, ge=1, le=20)
+    schedule: Schedule | None = None
 
 
 class JobOut(_Model):
@@ -364,6 +370,8 @@ class JobOut(_Model):
     created_at: datetime
     finished_at: datetime | None
     progress: dict[str, Any]
+    schedule: dict[str, Any] | None = None
+    policy_version: int | None = None
 
 
 class ClaimIn(_Model):
@@ -376,6 +384,12 @@ class ClaimIn(_Model):
         le=24 * 3600,
         description="Seconds the claim holds without a heartbeat; when it lapses, the "
         "claim's episodes are abandoned, their sandboxes released and the item re-queued.",
+    )
+    policy_version: int | None = Field(
+        None,
+        ge=0,
+        description="The policy version that samples this claim (a job's max_staleness "
+        "refuses or flags claims that far behind the newest version it has seen).",
     )
 
 
@@ -396,6 +410,7 @@ class WorkItemOut(_Model):
     claims: int = 0
     suite: str
     policy: dict[str, Any]
+    policy_version: int | None = None
 
 
 class CompleteIn(_Model):

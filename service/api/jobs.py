@@ -12,14 +12,62 @@ from service import episodes, scheduler, tenants
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
 from service.context import ServiceContext
-from service.db.models import Job, WorkItem
-from service.errors import CrucibleError, InvalidRequest
+from service.db.models import Job, Tenant, WorkItem
+from service.errors import CrucibleError, InvalidRequest, NotFound
+from service.scheduler.hooks import Hooks
+from service.scheduler.spec import Schedule
+from service.scheduler.spec import load as load_schedule
 from service.schemas import ClaimIn, CompleteIn, JobIn, JobOut, WorkItemOut
 from service.tasks import builds
+from service.tasks.models import Task
 from service.tasks.registry import template_name
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 log = logging.getLogger("crucible.jobs")
+
+
+def hooks(ctx: ServiceContext) -> Hooks:
+    """What the scheduler reads from the task registry and the warm pools, for one request
+    (the pool levels are read once, on first use)."""
+    levels: dict[str, dict[str, int]] | None = None
+
+    def task(suite: str, task_id: str) -> Task | None:
+        try:
+            return episodes.resolve_task(ctx, task_id, suite)
+        except CrucibleError:
+            return None
+
+    def warm(suite: str, task_id: str) -> bool:
+        nonlocal levels
+        t = task(suite, task_id)
+        if t is None:
+            return False
+        if levels is None:
+            levels = ctx.pools.levels()
+        return levels.get(template_name(t), {}).get("warm", 0) > 0
+
+    def cpus(suite: str, task_id: str) -> float:
+        t = task(suite, task_id)
+        return t.environment.cpus if t is not None else 1.0
+
+    def threshold(suite: str, task_id: str) -> float:
+        t = task(suite, task_id)
+        return t.pass_threshold if t is not None else 1.0
+
+    def degrades_to(suite: str, task_id: str) -> str | None:
+        t = task(suite, task_id)
+        target = t.degrades_to if t is not None else None
+        return target if target and task(suite, target) is not None else None
+
+    return Hooks(warm=warm, cpus=cpus, threshold=threshold, degrades_to=degrades_to)
+
+
+def job_tasks(job: Job) -> list[tuple[str, str]]:
+    """(suite, task) pairs of a job."""
+    sched = load_schedule(job.schedule)
+    if sched is None:
+        return [(job.suite, t) for t in job.task_ids]
+    return scheduler.plan.job_tasks(job, sched)
 
 
 def job_out(ctx: ServiceContext, job: Job) -> JobOut:
@@ -35,7 +83,9 @@ def job_out(ctx: ServiceContext, job: Job) -> JobOut:
         state=job.state,
         created_at=job.created_at,
         finished_at=job.finished_at,
-        progress=scheduler.progress(ctx.db, job.id),
+        progress=scheduler.progress(ctx.db, job.id, hooks(ctx)),
+        schedule=job.schedule,
+        policy_version=job.policy_version,
     )
 
 
@@ -54,13 +104,14 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
         group_size=job.group_size,
         claim_id=item.claim_id,
         claims=item.claims,
-        suite=job.suite,
+        suite=item.suite or job.suite,
         policy=job.policy,
+        policy_version=item.policy_version,
     )
 
 
 def _prepare(
-    ctx: ServiceContext, job_id: str, tenant_id: str, suite: str, task_ids: list[str]
+    ctx: ServiceContext, job_id: str, tenant_id: str, tasks: list[tuple[str, str]]
 ) -> None:
     """Build the job's task images and ask for two warm sandboxes per task (background): one
     for an episode, one for the pristine sandbox its verification takes. The builds are the
@@ -73,7 +124,7 @@ def _prepare(
     with ctx.db.read() as s:
         budget = tenants.sandbox_room(s, tenant_id)
     with builds.on_behalf_of(job_id, tenant_id=tenant_id):
-        for task_id in task_ids:
+        for suite, task_id in tasks:
             try:
                 task = episodes.resolve_task(ctx, task_id, suite)
                 template = episodes.ensure_template(ctx, task)
@@ -89,34 +140,97 @@ def _prepare(
     responses=error_responses(404),
 )
 def create_job(body: JobIn, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
-    """Create a job (every task of ``suite`` unless ``task_ids``); images build and warm
-    pools fill in the background."""
+    """Create a job (every task of ``suite`` unless ``task_ids``; a mixed job: every task of
+    each ``schedule.mix`` suite unless its ``task_ids``); images build and warm pools fill
+    in the background."""
     if body.group_size > ctx.settings.max_fork_n:
         raise InvalidRequest(
             f"group_size {body.group_size} exceeds the maximum {ctx.settings.max_fork_n}",
             field="group_size",
         )
-    suite = ctx.tasks.suite(body.suite)
-    task_ids = body.task_ids if body.task_ids is not None else list(suite.ids)
-    for t in task_ids:
-        episodes.resolve_task(ctx, t, body.suite)
+    sched = body.schedule
+    if sched is not None and sched.mix:
+        if body.suite is not None or body.task_ids is not None:
+            raise InvalidRequest(
+                "a mixed job names its suites and tasks in schedule.mix, not suite/task_ids",
+                field="suite",
+            )
+        tasks = []
+        for i, d in enumerate(sched.mix):
+            ids = d.task_ids if d.task_ids is not None else list(_suite(ctx, d.suite, i).ids)
+            tasks += [(d.suite, t) for t in ids]
+        label, task_ids = "+".join(d.suite for d in sched.mix), [f"{s}/{t}" for s, t in tasks]
+    else:
+        if body.suite is None:
+            raise InvalidRequest("suite is required (or schedule.mix)", field="suite")
+        suite = ctx.tasks.suite(body.suite)
+        task_ids = body.task_ids if body.task_ids is not None else list(suite.ids)
+        label, tasks = body.suite, [(body.suite, t) for t in task_ids]
+    for s, t in tasks:
+        episodes.resolve_task(ctx, t, s)
+    if sched is not None:
+        _check_schedule(ctx, principal.tenant_id, sched, body.group_size, {s for s, _ in tasks})
     job = scheduler.create_job(
         ctx.db,
         principal,
-        suite=body.suite,
+        suite=label,
         task_ids=task_ids,
         group_size=body.group_size,
         priority=body.priority,
         policy=body.policy.model_dump(),
         max_attempts=body.max_attempts,
+        schedule=sched,
     )
     threading.Thread(
         target=_prepare,
-        args=(ctx, job.id, principal.tenant_id, body.suite, task_ids),
+        args=(ctx, job.id, principal.tenant_id, tasks),
         daemon=True,
         name=f"prepare-{job.id}",
     ).start()
     return job_out(ctx, job)
+
+
+def _suite(ctx: ServiceContext, name: str, i: int) -> object:
+    try:
+        return ctx.tasks.suite(name)
+    except NotFound as e:
+        raise NotFound(e.detail, field=f"schedule.mix[{i}].suite") from None
+
+
+def _check_schedule(
+    ctx: ServiceContext, tenant_id: str, sched: Schedule, group_size: int, suites: set[str]
+) -> None:
+    """422 for a schedule that cannot hold: limits on suites the job lacks or past the
+    tenant's quota, a straggler quorum larger than the group."""
+    with ctx.db.read() as s:
+        tenant = s.get(Tenant, tenant_id)
+    for suite, lim in sched.domain_limits.items():
+        field = f"schedule.domain_limits.{suite}"
+        if suite not in suites:
+            raise InvalidRequest(
+                f"domain_limits names {suite!r}, not a suite of the job", field=field
+            )
+        if tenant is not None and lim.max_sandboxes and lim.max_sandboxes > tenant.max_sandboxes:
+            raise InvalidRequest(
+                f"max_sandboxes {lim.max_sandboxes} exceeds the tenant's quota "
+                f"{tenant.max_sandboxes}",
+                field=field + ".max_sandboxes",
+            )
+        if tenant is not None and lim.max_cpus and lim.max_cpus > tenant.max_cpus + 1e-9:
+            raise InvalidRequest(
+                f"max_cpus {lim.max_cpus:g} exceeds the tenant's quota {tenant.max_cpus:g}",
+                field=field + ".max_cpus",
+            )
+        if lim.max_sandboxes is not None and lim.max_sandboxes < group_size:
+            raise InvalidRequest(
+                f"max_sandboxes {lim.max_sandboxes} is less than one group ({group_size})",
+                field=field + ".max_sandboxes",
+            )
+    if sched.straggler is not None and sched.straggler.min_samples > group_size:
+        raise InvalidRequest(
+            f"straggler.min_samples {sched.straggler.min_samples} exceeds group_size {group_size}",
+            field="schedule.straggler.min_samples",
+        )
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, responses=error_responses(404))
@@ -134,7 +248,15 @@ def get_job(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
 )
 def claim(job_id: str, body: ClaimIn, ctx: Ctx, principal: CurrentPrincipal) -> Response:
     """Claim the next work item (204 when none is claimable now)."""
-    item = scheduler.claim(ctx.db, principal, job_id, worker=body.worker, lease_s=body.lease_s)
+    item = scheduler.claim(
+        ctx.db,
+        principal,
+        job_id,
+        worker=body.worker,
+        lease_s=body.lease_s,
+        policy_version=body.policy_version,
+        hooks=hooks(ctx),
+    )
     if item is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     job = scheduler.get_job(ctx.db, principal, job_id)
@@ -147,9 +269,9 @@ def cancel(job_id: str, ctx: Ctx, principal: CurrentPrincipal) -> JobOut:
     started stop (those no other job or request waits for)."""
     job = scheduler.cancel(ctx.db, principal, job_id)
     ctx.tasks.builds().cancel_job(job.id)
-    for task_id in job.task_ids:
+    for suite, task_id in job_tasks(job):
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
-            template = template_name(episodes.resolve_task(ctx, task_id, job.suite))
+            template = template_name(episodes.resolve_task(ctx, task_id, suite))
             ctx.pools.drop_demand(template, owner=job.tenant_id)
     return job_out(ctx, job)
 
@@ -182,10 +304,11 @@ def complete(item_id: str, body: CompleteIn, ctx: Ctx, principal: CurrentPrincip
         ok=body.ok,
         error=body.error,
         cause=body.cause,
+        hooks=hooks(ctx),
     )
     job = scheduler.get_job(ctx.db, principal, item.job_id)
     if item.state in ("done", "failed") and job.state in scheduler.FINAL_JOB_STATES:
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
-            task = episodes.resolve_task(ctx, item.task_id, job.suite)
+            task = episodes.resolve_task(ctx, item.task_id, item.suite or job.suite)
             ctx.pools.drop_demand(template_name(task), owner=job.tenant_id)
     return item_out(item, job)

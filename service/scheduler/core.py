@@ -182,9 +182,8 @@ def _time_out_long_tail(s: Session, job: Job, sched: Schedule, now: datetime) ->
         return
     items = plan.load_items(s, job.id)
     by_suite: dict[str, list[float]] = {}
-    for i in items:
-        if i.duration_s is not None:
-            by_suite.setdefault(plan.item_suite(i, job), []).append(i.duration_s)
+    for (suite, _), ds in plan.durations(s, job, sched).items():
+        by_suite.setdefault(suite, []).extend(ds)
     for i in items:
         ds = by_suite.get(plan.item_suite(i, job), [])
         if i.state != "claimed" or i.claimed_at is None or len(ds) < sched.timeout.min_samples:

@@ -10,6 +10,7 @@ UPDATE.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from service.scheduler.hooks import Hooks
 from service.scheduler.spec import Schedule
 
 COUNTED = ("claimed", "done", "failed")  # states of a group that was handed out
+DURATION_HISTORY = 5000  # measured item durations read per claim
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,27 @@ def domain_counts(job: Job, items: Sequence[WorkItem]) -> dict[str, int]:
     return out
 
 
-def durations(job: Job, items: Sequence[WorkItem]) -> dict[tuple[str, str], list[float]]:
-    """Measured durations (seconds) of the job's finished items per (suite, task)."""
+def durations(s: Session, job: Job, sched: Schedule) -> dict[tuple[str, str], list[float]]:
+    """Measured durations (seconds) of the tenant's finished items of the job's tasks, per
+    (suite, task), over its latest ``DURATION_HISTORY`` measurements (this job's and
+    earlier jobs')."""
+    tasks = set(job_tasks(job, sched))
+    rows = s.execute(
+        select(WorkItem.suite, Job.suite, WorkItem.task_id, WorkItem.duration_s)
+        .join(Job, Job.id == WorkItem.job_id)
+        .where(
+            Job.tenant_id == job.tenant_id,
+            WorkItem.duration_s.is_not(None),
+            WorkItem.task_id.in_({t for _, t in tasks}),
+        )
+        .order_by(WorkItem.updated_at.desc())
+        .limit(DURATION_HISTORY)
+    ).all()
     out: dict[tuple[str, str], list[float]] = {}
-    for i in items:
-        if i.duration_s is not None:
-            out.setdefault((item_suite(i, job), i.task_id), []).append(i.duration_s)
+    for item_suite_, job_suite, task_id, d in rows:
+        key = (item_suite_ or job_suite, task_id)
+        if key in tasks:
+            out.setdefault(key, []).append(d)
     return out
 
 
@@ -127,7 +144,7 @@ def choose(
     }
     park: list[tuple[str, str]] = []
     cands: list[ordering.Candidate] = []
-    by_task = durations(job, items)
+    by_task = durations(s, job, sched)
     for i in items:
         lapsed = i.state == "claimed" and i.claim_expires_at and i.claim_expires_at < now
         if not (i.state == "queued" or lapsed):
@@ -144,7 +161,7 @@ def choose(
                 suite=suite,
                 task_id=i.task_id,
                 priority=i.priority,
-                waited_s=max(0.0, (now - i.updated_at).total_seconds()),
+                waited_s=max(0.0, (now - i.created_at).total_seconds()),
                 expected_s=ordering.expected_duration(by_task, suite, i.task_id),
                 warm=hooks.warm(suite, i.task_id),
             )
@@ -155,8 +172,13 @@ def choose(
         weights = sched.weights()
         if sched.adaptive:
             weights = ordering.adaptive_weights(weights, _useful_by_domain(job, items, stats))
+        # a domain generates at most ceil(w_d * groups) groups, so one held back by its
+        # limits does not see its share spent by the others
+        counts = domain_counts(job, items)
+        quota = {d: math.ceil(w * group_target(job, sched) - 1e-9) for d, w in weights.items()}
+        gen_tasks = {d: ts for d, ts in gen_tasks.items() if counts.get(d, 0) < quota.get(d, 0)}
         eligible = {c.suite for c in cands} | {d for d in gen_tasks if gen_tasks[d]}
-        domain = ordering.pick_domain(weights, domain_counts(job, items), eligible & room)
+        domain = ordering.pick_domain(weights, counts, eligible & room)
         if domain is None:
             return Choice(None, None, park), items
         cands = [c for c in cands if c.suite == domain]

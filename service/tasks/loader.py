@@ -264,6 +264,7 @@ def _load_harbor(task_dir: Path, *, task_id: str, suite: str, notes: list[str]) 
         verifier_settings=dict(crucible.settings),
         expected_tests=crucible.expected_tests,
         pass_threshold=crucible.pass_threshold,
+        degrades_to=crucible.degrades_to,
         metadata=dict(config.metadata),
         notes=tuple(notes),
     )
@@ -393,6 +394,7 @@ def _load_tb1(task_dir: Path, *, task_id: str, suite: str) -> Task:
         verifier_settings=dict(crucible.settings),
         expected_tests=crucible.expected_tests,
         pass_threshold=crucible.pass_threshold,
+        degrades_to=crucible.degrades_to,
         metadata=metadata,
         notes=tuple(notes),
     )

@@ -162,6 +162,8 @@ class CrucibleSection(BaseModel):
     expected_tests: int | None = Field(None, ge=0)
     pass_threshold: float = Field(1.0, ge=0.0, le=1.0)
     settings: dict[str, Any] = Field(default_factory=dict)
+    # an easier task of the same suite the scheduler runs instead after K failures in a row
+    degrades_to: str | None = Field(None, min_length=1, max_length=200)
 
     @field_validator("verifier")
     @classmethod
@@ -273,6 +275,8 @@ class Task(BaseModel):
     ``verifier_network``: the task asks for the install's verifier network
     (``[verifier] network = true``). ``pass_threshold``: a reward at or above it counts as
     passed. ``verifier`` and ``verifier_settings`` select and configure the verifier.
+    ``degrades_to``: the easier task of the same suite a job runs instead after repeated
+    failures (``[crucible] degrades_to``; see ``service.scheduler``).
 
     ``solution_path`` is the oracle script (None when the task has none Crucible can run);
     ``notes`` lists what the loader accepted but ignored or could not honour.
@@ -301,6 +305,7 @@ class Task(BaseModel):
     verifier_settings: dict[str, Any] = Field(default_factory=dict)
     expected_tests: int | None = None
     pass_threshold: float = Field(1.0, ge=0.0, le=1.0)
+    degrades_to: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
