@@ -296,6 +296,9 @@ def _open_source(data: bytes) -> tuple[BinaryIO, bool]:
     return raw, False
 
 
+MAX_TAR_MTIME = 8**11 - 1  # the largest ustar mtime (year 2242)
+
+
 def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) -> tuple[bytes, int]:
     """Validate an uploaded tar (plain, gzip, bzip2 or xz) and rewrite it, uncompressed,
     with safe members; return (tar, member count).
@@ -308,7 +311,7 @@ def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) ->
     hard link whose target, resolved lexically through the archive's symlinks, leaves the
     destination (symlinks are checked when defined and again once all are known, since a
     later one can change where an earlier one leads). Owners become ``uid``/``gid``;
-    setuid and setgid bits are dropped.
+    setuid and setgid bits are dropped; modification times are clamped to [0, ``MAX_TAR_MTIME``].
 
     Raises:
         InvalidRequest: not a readable tar (also truncated or corrupt; field ``body``), a
@@ -355,6 +358,11 @@ def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) ->
                 m.name = name
                 m.uid, m.gid, m.uname, m.gname = uid, gid, "", ""
                 m.mode &= 0o1777  # no setuid/setgid
+                # Times the engine's archive code refuses (a mtime of 10**20 was an engine
+                # 500, found by a fuzzing trial) are clamped to what an ustar field holds.
+                m.mtime = min(max(int(m.mtime), 0), MAX_TAR_MTIME)
+                for key in ("mtime", "atime", "ctime"):  # PAX records would carry them on
+                    m.pax_headers.pop(key, None)
                 dst.addfile(m, src.extractfile(m) if m.isfile() else None)
                 n += 1
             if compressed:  # read to the end of the stream: its checksum is checked there

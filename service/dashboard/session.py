@@ -74,7 +74,10 @@ class Signer:
         if not cookie or cookie.count(".") != 1 or len(cookie) > 512:
             return None
         payload, mac = cookie.split(".")
-        if not hmac.compare_digest(mac, self._mac("session", payload)):
+        # bytes, not str: compare_digest refuses non-ASCII str (a cookie Starlette decoded
+        # as latin-1 was a 500, found by a fuzzing trial)
+        expected = self._mac("session", payload).encode()
+        if not hmac.compare_digest(mac.encode("utf-8", "surrogateescape"), expected):
             return None
         try:
             body = json.loads(_unb64(payload))
@@ -91,7 +94,8 @@ class Signer:
         """True when ``token`` is the CSRF token of ``nonce`` (constant-time compare)."""
         if not nonce or not token:
             return False
-        return hmac.compare_digest(token, self.csrf(nonce, purpose=purpose))
+        expected = self.csrf(nonce, purpose=purpose).encode()
+        return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected)
 
 
 def principal_of(session: Session, data: SessionData) -> Principal | None:

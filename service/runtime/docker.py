@@ -1023,6 +1023,22 @@ class DockerRuntime:
             raise SandboxError(f"exec supervisor resolved no path for {path!r}")
         return resolved
 
+    def keeper_channel(self, container_id: str) -> tuple[channel.ControlChannel, str]:
+        """The channel to ``container_id``'s supervisor and the identity its commands take,
+        for kept processes (``service.runtime.keeper``). ``Conflict`` when the sandbox is
+        frozen or has no channel (``docker exec`` cannot keep a process)."""
+        what = f"container {container_id}"
+        if container_id in self._frozen:
+            raise Conflict(f"{what}: the sandbox is frozen (its episode is being verified)")
+        with self._meta_lock:
+            control = self._channels.get(container_id)
+        if control is None:
+            raise Conflict(
+                f"{what}: background processes and sessions need the exec channel, which "
+                "this sandbox does not have (made without one, or adopted after a restart)"
+            )
+        return control, self._container_meta(container_id).user or ""
+
     def _supervise(
         self,
         container_id: str,
@@ -1282,6 +1298,12 @@ class DockerRuntime:
     def _map_path_error(e: Exception, container_id: str, path: str) -> CrucibleError:
         if isinstance(e, docker.errors.NotFound) and "no such container" not in _explain(e).lower():
             return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
+        if isinstance(e, docker.errors.APIError) and "too many links" in _explain(e).lower():
+            # A symlink loop the sandbox's own agent made (a fuzzing trial: a 502 whose
+            # detail showed the host's storage path): the client's, like an upload's.
+            return InvalidRequest(
+                f"{path}: too many levels of symbolic links in the sandbox", field="path"
+            )
         return _map_error(e, f"container {container_id}, path {path}")
 
     def host_cpus(self) -> int:
