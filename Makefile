@@ -11,7 +11,7 @@ export BASE_IMAGE
 export CRUCIBLE_TEST_POSTGRES_URL ?= postgresql+psycopg://crucible:crucible@127.0.0.1:5432/crucible_test
 export CRUCIBLE_TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup images serve demo test bench lint
+.PHONY: setup images serve demo test bench lint stack stack-down
 
 setup:
 	@scripts/setup.sh
@@ -32,6 +32,14 @@ test: setup images
 bench: setup images
 	@if [ -f bench/run.py ]; then $(VENV)/bin/python bench/run.py; \
 	else echo "bench: no benchmarks yet (bench/run.py)"; fi
+
+# The local stack (docker-compose.yml; scripts/stack.sh). CRUCIBLE_STACK_IMAGES=official uses
+# the postgres:15 and redis:7 images instead of building them from the local base.
+stack:
+	@scripts/stack.sh up
+
+stack-down:
+	@scripts/stack.sh down
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -8,8 +8,10 @@ Built images are tagged ``<prefix>/<name>:<hash>`` and ``<prefix>/<name>:latest`
 hash tag is already present nothing is built (the result says ``cached``).
 
 Which images exist is data: every folder of ``sandbox_images/`` with a ``Dockerfile`` is an
-image named after the folder. Its base is the default of ``ARG BASE_IMAGE=...`` in that
-Dockerfile (``<prefix>/base:latest`` when the Dockerfile has none); a base named
+image named after the folder, unless its Dockerfile has the line ``# crucible-images: skip``
+(the local stack's PostgreSQL and Redis images live there too, built by ``scripts/stack.sh``).
+Its base is the default of ``ARG BASE_IMAGE=...`` in that Dockerfile (``<prefix>/base:latest``
+when the Dockerfile has none); a base named
 ``<prefix>/<other>:latest`` where ``<other>`` is also a folder makes ``<other>`` a dependency,
 built first. ``base`` itself is special: with ``base_image`` (``--base-image``,
 ``CRUCIBLE_BASE_IMAGE``) that image is used as base and nothing is built; without it a
@@ -178,7 +180,13 @@ def discover_images(images_dir: Path, *, image_prefix: str = "crucible") -> list
 
     Raises ``ImageBuildError`` on a dependency cycle.
     """
-    folders = sorted(p for p in images_dir.iterdir() if p.is_dir() and (p / "Dockerfile").is_file())
+    folders = sorted(
+        p
+        for p in images_dir.iterdir()
+        if p.is_dir()
+        and (p / "Dockerfile").is_file()
+        and not _SKIP_RE.search((p / "Dockerfile").read_text(encoding="utf-8"))
+    )
     names = {p.name for p in folders} | {BASE}
     defs: dict[str, ImageDef] = {BASE: ImageDef(name=BASE, context_dir=None)}
     for folder in folders:
@@ -191,6 +199,9 @@ def discover_images(images_dir: Path, *, image_prefix: str = "crucible") -> list
             name=folder.name, context_dir=folder, base_ref=base_ref, depends_on=depends_on
         )
     return _build_order(defs)
+
+
+_SKIP_RE = re.compile(r"^# crucible-images: skip$", re.MULTILINE)
 
 
 def _dockerfile_base(dockerfile: Path) -> str | None:
