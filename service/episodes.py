@@ -312,6 +312,9 @@ def verify(
     if ep.state in ("verified", "error"):
         stored = rewards.by_episode(ctx.db, episode_id)
         if stored is not None:
+            # A server killed after storing the record but before releasing the sandbox
+            # (a crash trial): the retried verify releases it now (idempotent).
+            _finish(ctx, principal, ep, None)
             return stored
     done = _recorded_elsewhere(ctx, principal, ep)
     if done is not None:

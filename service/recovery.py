@@ -136,7 +136,10 @@ def _verifying_to_running(ctx: ServiceContext) -> int:
 
 
 def _release_orphan_sandboxes(ctx: ServiceContext) -> int:
-    """Leased sandboxes made by an episode start that no episode row names."""
+    """Leased sandboxes made by an episode start that no episode row names, or whose
+    episode already ended (a crash between storing its record and releasing its sandbox:
+    found by a crash trial; the sandbox and its quota were held until the lease ran out)."""
+    final = ("verified", "error", "abandoned")
     with ctx.db.read() as s:
         rows = (
             s.execute(
@@ -145,7 +148,7 @@ def _release_orphan_sandboxes(ctx: ServiceContext) -> int:
                 .where(
                     Sandbox.deployment == ctx.settings.deployment,
                     Sandbox.state.in_(("leased", "snapshotting")),
-                    Episode.id.is_(None),
+                    or_(Episode.id.is_(None), Episode.state.in_(final)),
                 )
             )
             .scalars()

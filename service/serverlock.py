@@ -5,8 +5,11 @@ the live server's sandboxes and, exiting on the busy port, drain its warm pool. 
 lifespan takes this lock first and refuses to start without it:
 
 - SQLite: an exclusive ``flock`` on ``<database file>.serve.lock`` next to the database
-  (the data directory), held by an open file for the process's life; the kernel drops it
-  when the process dies, ``kill -9`` included.
+  file's real path (symlinks resolved), and, once the file exists, one on a lock named by
+  its device and inode in the temporary directory (a hard link elsewhere is the same
+  database: a crash trial's second server got past the path lock through a symlink), each
+  held by an open file for the process's life; the kernel drops them when the process
+  dies, ``kill -9`` included.
 - PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on a key derived
   from the deployment name, held by one dedicated connection; the server drops it when
   that connection ends.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +51,7 @@ class ServerLock:
 
     def __init__(self, url: str, deployment: str) -> None:
         self.url, self.deployment = url, deployment
-        self._fd: int | None = None
+        self._fds: list[int] = []
         self._conn: Any = None
         self._engine: Any = None
 
@@ -59,7 +63,21 @@ class ServerLock:
         db_path = self.url.split("///", 1)[1] if "///" in self.url else ""
         if not db_path or db_path == ":memory:":
             return None
-        return Path(db_path + ".serve.lock")
+        return Path(os.path.realpath(db_path) + ".serve.lock")
+
+    def _paths(self) -> list[Path]:
+        """Every lock file this database needs (``path``, and its inode's once it exists)."""
+        path = self.path
+        if path is None:
+            return []
+        out = [path]
+        db = Path(str(path)[: -len(".serve.lock")])
+        try:
+            st = db.stat()
+        except FileNotFoundError:
+            return out
+        out.append(Path(tempfile.gettempdir()) / f"crucible-serve-{st.st_dev}-{st.st_ino}.lock")
+        return out
 
     def acquire(self) -> None:
         """Take the lock without waiting.
@@ -73,9 +91,14 @@ class ServerLock:
             self._acquire_advisory()
 
     def _acquire_file(self) -> None:
-        path = self.path
-        if path is None:
-            return
+        try:
+            for path in self._paths():
+                self._fds.append(self._lock_one(path))
+        except AlreadyServing:
+            self.release()
+            raise
+
+    def _lock_one(self, path: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -89,7 +112,7 @@ class ServerLock:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+        return fd
 
     def _acquire_advisory(self) -> None:
         self._engine = create_engine(self.url, poolclass=NullPool)
@@ -109,10 +132,10 @@ class ServerLock:
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        while self._fds:
+            fd = self._fds.pop()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
         if self._conn is not None:
             self._conn.close()
             self._engine.dispose()

@@ -3,6 +3,9 @@ failures use, jobs that end done only with every record, the serve lock, idempot
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -185,3 +188,27 @@ def test_idempotency_keys_replay_the_first_answer(tenant_db: Database) -> None:
     # answers that may change on a retry are not kept
     idempotency.finish(tenant_db, "acme", "k-2", status=429, body=b"{}", media_type="x")
     assert begin(tenant_db, "acme", "k-2", "POST /v1/x", "d1").action == "run"
+
+
+def test_the_serve_lock_holds_through_symlinks_and_hard_links(tmp_path: Path) -> None:
+    # A crash trial started a second server through a symlink to the database file; it
+    # reconciled (destroyed) the live server's containers. SQLite's lock is a file lock.
+    real = tmp_path / "data" / "crucible.db"
+    real.parent.mkdir()
+    real.write_bytes(b"")
+    alias = tmp_path / "alias.db"
+    alias.symlink_to(real)
+    linked = tmp_path / "elsewhere" / "linked.db"
+    linked.parent.mkdir()
+    os.link(real, linked)
+    first = ServerLock(f"sqlite:///{real}", "dep-a")
+    first.acquire()
+    try:
+        for other in (alias, linked):
+            with pytest.raises(AlreadyServing):
+                ServerLock(f"sqlite:///{other}", "dep-a").acquire()
+    finally:
+        first.release()
+    again = ServerLock(f"sqlite:///{alias}", "dep-a")
+    again.acquire()
+    again.release()
