@@ -130,6 +130,37 @@ class ControlChannel:
         self._lock = threading.Lock()
         self._dead = False
 
+    def open_keeper(self) -> socket.socket:
+        """A handler that may become a keeper (``spawn``). Raises ``Unavailable`` (no
+        channel, or the supervisor keeps its maximum of processes already: then nothing
+        fails for good)."""
+        return self._handoff(b"K", "the supervisor keeps its maximum of processes")
+
+    def attach(self, handle: int) -> socket.socket:
+        """A connected socket to keeper ``handle``. Raises ``Unavailable`` when no such
+        keeper lives (released, or its sandbox restarted)."""
+        return self._handoff(b"A" + struct.pack(">I", handle), f"no kept process {handle}")
+
+    def _handoff(self, message: bytes, refusal: str) -> socket.socket:
+        with self._lock:
+            if self._dead:
+                raise Unavailable("the channel failed before")
+            try:
+                self._conn.settimeout(OPEN_TIMEOUT_S)
+                self._conn.sendall(message)
+                msg, fds, _, _ = socket.recv_fds(self._conn, 1, 1)
+            except OSError as e:
+                self._fail()
+                raise Unavailable(f"no answer from the supervisor: {e}") from None
+            if msg == b"E" and not fds:
+                raise Unavailable(refusal)
+            if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                self._fail()
+                raise Unavailable("the supervisor broke the channel protocol")
+        return socket.socket(fileno=fds[0])
+
     def open(self) -> socket.socket:
         """A connected socket to a new handler. Raises ``Unavailable`` (then, and for good,
         the caller uses ``docker exec``)."""

@@ -21,6 +21,14 @@ Request record (integers big-endian)::
                                                          command's fd 3 is an observation
                                                          pipe, kept up to this many bytes)
 
+Kept processes (channel only; ``service.runtime.keeper``): op ``spawn`` takes the exec
+fields plus ``y`` (u8: on a pseudo-terminal), ``r``/``l`` (u64 rows/cols), ``M`` (u8: fd 63
+is the mark pipe, one ``$?`` line per prompt) and answers ``R`` with ``handle=`` (the
+keeper's pid). Ops on a handle: ``pstatus``, ``pread`` (``n`` stream, ``f`` offset, ``t``
+wait ms), ``pwrite`` (``i`` bytes, ``x`` u8 close stdin), ``prun`` (``i`` command line,
+``t`` wait ms: answered at the next mark), ``psignal`` (``z`` signal, ``g`` grace ms),
+``presize`` (``r``, ``l``), ``prelease``.
+
 The record travels base64-encoded as one argv argument (``--request <b64>``) when it is
 small, else on the supervisor's stdin (``--request-stdin``); on the channel it is written
 to the connection, with the identity ``docker exec -u`` would otherwise set.
@@ -154,6 +162,58 @@ def encode_kill(pgid: int, *, grace_ms: int = DEFAULT_GRACE_MS) -> bytes:
     if pgid <= 1:
         raise InvalidRequest("process group id must be > 1", field="pgid")
     return _record([_field("o", b"kill"), _u64("k", pgid), _u64("g", grace_ms)])
+
+
+def encode_spawn(
+    request: ExecRequest, *, pty: bool = False, rows: int = 24, cols: int = 80, marks: bool = False
+) -> bytes:
+    """The record that starts ``request`` as a kept process (``service.runtime.keeper``).
+
+    ``request.max_output_bytes`` is the size of each stream's ring (bytes kept, the newest);
+    ``timeout_s`` is not used (a kept process runs until signalled or released). Raises
+    ``InvalidRequest`` like ``encode_exec``.
+    """
+    base = encode_exec(request)
+    body = base[8:] + _field("y", bytes([pty])) + _u64("r", rows) + _u64("l", cols)
+    body += _field("M", bytes([marks]))
+    body = body.replace(_field("o", b"exec"), _field("o", b"spawn"), 1)
+    return MAGIC + struct.pack(">I", len(body)) + body
+
+
+def encode_keeper_op(
+    op: str,
+    *,
+    stream: str | None = None,
+    offset: int | None = None,
+    wait_ms: int | None = None,
+    data: bytes | None = None,
+    close_stdin: bool = False,
+    signal: int | None = None,
+    grace_ms: int | None = None,
+    rows: int | None = None,
+    cols: int | None = None,
+) -> bytes:
+    """The record of one op on a kept process (module docstring: ``p*`` ops)."""
+    fields = [_field("o", op.encode())]
+    if stream is not None:
+        fields.append(_field("n", stream.encode()))
+    if offset is not None:
+        fields.append(_u64("f", offset))
+    if wait_ms is not None:
+        fields.append(_u64("t", wait_ms))
+    if data:
+        fields.append(_field("i", data))
+    if close_stdin:
+        fields.append(_field("x", b"\x01"))
+    if signal is not None:
+        fields.append(_u64("z", signal))
+    if grace_ms is not None:
+        fields.append(_u64("g", grace_ms))
+    if rows is not None:
+        fields.append(_u64("r", rows))
+    if cols is not None:
+        fields.append(_u64("l", cols))
+    return _record(fields)
 
 
 def with_identity(record: bytes, user: str) -> bytes:

@@ -83,6 +83,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
@@ -223,6 +224,15 @@ struct request {
     char *owner;
     char *user; /* channel only */
     uint64_t observe; /* >0: fd 3 of the command is an observation pipe, capped at this */
+    /* keeper ops (spawn and the ops on a kept process) */
+    uint64_t offset;  /* 'f': read from this absolute byte offset */
+    char stream[8];   /* 'n': "stdout" | "stderr" */
+    uint64_t signo;   /* 'z': signal number */
+    uint64_t rows, cols; /* 'r', 'l': terminal size */
+    int pty;          /* 'y': spawn on a pseudo-terminal */
+    int marks;        /* 'M': spawn with the mark pipe as fd MARK_FD */
+    int close_stdin;  /* 'x': close stdin after writing 'i' */
+    int has_wait;     /* 't' given on a keeper op: wait up to timeout_ms */
 };
 
 static uint32_t be32(const unsigned char *p) {
@@ -272,7 +282,7 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
             snprintf(err, errlen, "field '%c' overruns the record", tag);
             return -1;
         }
-        int is_string = tag != 0 && strchr("ascepwu", tag) != NULL;
+        int is_string = tag != 0 && strchr("ascepwun", tag) != NULL;
         if (is_string && has_nul(p, n)) {
             snprintf(err, errlen, "field '%c' contains a NUL byte", tag);
             return -1;
@@ -295,12 +305,36 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
         case 'w': rq->owner = xstrndup(p, n); break;
         case 'u': rq->user = xstrndup(p, n); break;
         case 'P': rq->parents = n > 0 && p[0] != 0; break;
+        case 'y': rq->pty = n > 0 && p[0] != 0; break;
+        case 'M': rq->marks = n > 0 && p[0] != 0; break;
+        case 'x': rq->close_stdin = n > 0 && p[0] != 0; break;
+        case 'n':
+            if (n >= sizeof rq->stream) {
+                snprintf(err, errlen, "stream name too long");
+                return -1;
+            }
+            memcpy(rq->stream, p, n);
+            rq->stream[n] = 0;
+            break;
+        case 'f': case 'z': case 'r': case 'l':
+            if (n != 8) {
+                snprintf(err, errlen, "field '%c' must be 8 bytes", tag);
+                return -1;
+            }
+            if (tag == 'f') rq->offset = be64(p);
+            else if (tag == 'z') rq->signo = be64(p);
+            else if (tag == 'r') rq->rows = be64(p);
+            else rq->cols = be64(p);
+            break;
         case 't': case 'm': case 'g': case 'k': case 'C':
             if (n != 8) {
                 snprintf(err, errlen, "field '%c' must be 8 bytes", tag);
                 return -1;
             }
-            if (tag == 't') rq->timeout_ms = be64(p);
+            if (tag == 't') {
+                rq->timeout_ms = be64(p);
+                rq->has_wait = 1;
+            }
             else if (tag == 'm') rq->max_output = be64(p);
             else if (tag == 'g') rq->grace_ms = be64(p);
             else if (tag == 'C') rq->observe = be64(p);
@@ -313,10 +347,12 @@ static int parse_request(const unsigned char *buf, size_t len, struct request *r
         p += n;
     }
     if (!rq->op[0]) strcpy(rq->op, "exec");
-    if (strcmp(rq->op, "exec") == 0 && !rq->shell && rq->argc == 0) {
-        snprintf(err, errlen, "exec needs a shell command or an argv");
+    int spawn = strcmp(rq->op, "spawn") == 0;
+    if ((strcmp(rq->op, "exec") == 0 || spawn) && !rq->shell && rq->argc == 0) {
+        snprintf(err, errlen, "%s needs a shell command or an argv", rq->op);
         return -1;
     }
+    if (spawn || rq->op[0] == 'p') return 0; /* spawn and the keeper ops (p*) */
     if (strcmp(rq->op, "kill") == 0) {
         if (rq->pgid <= 1 || rq->pgid > INT_MAX) {
             snprintf(err, errlen, "kill needs a process group id > 1");
@@ -579,6 +615,7 @@ static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_
     refuse_fallocate();
     if (in_fd < 0) in_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(125);
+    if (isatty(0) && ioctl(0, TIOCSCTTY, 0) < 0) _exit(125); /* a keeper's terminal */
     if (obs_fd >= 0) { /* the observation pipe becomes fd 3, inherited (not close-on-exec) */
         if (report_fd == 3 && (report_fd = fcntl(3, F_DUPFD_CLOEXEC, 10)) < 0) _exit(125);
         if (obs_fd == 3) {
@@ -1177,6 +1214,578 @@ static int become(const struct request *rq, char *err, size_t errlen) {
     return 0;
 }
 
+/* ========================================================================== keepers */
+
+/* A kept process (background process or session): the handler that received a `spawn`
+ * request becomes its keeper. It starts the command (pipes, or a pseudo-terminal), is its
+ * subreaper (so everything the command starts stays a descendant, even after setsid or a
+ * double fork), keeps the last `max_output` bytes of each stream in a ring with absolute
+ * offsets, buffers stdin, and answers ops on connections the idle supervisor passes it
+ * (control byte 'A' + pid). It lives until `prelease` or until the idle supervisor goes. */
+
+#define MARK_FD 63          /* sessions: the shell reports each prompt's $? here */
+#define KEEP_STDIN_MAX (1u << 20) /* stdin bytes buffered while the process does not read */
+#define KEEP_MAX_WAITERS 32
+#define KEEP_MAX_OUTPUT (64u << 20)
+
+static int keeper_priv_fd = -1; /* set in a 'K' handler: this handler may become a keeper */
+
+struct ring {
+    unsigned char *buf;
+    uint64_t cap, total; /* bytes [total - min(total, cap), total) are kept */
+};
+
+static void ring_add(struct ring *r, const unsigned char *d, size_t n) {
+    r->total += n;
+    if (!r->cap) return;
+    if (n >= r->cap) {
+        d += n - r->cap;
+        n = (size_t)r->cap;
+    }
+    uint64_t pos = (r->total - n) % r->cap;
+    while (n > 0) {
+        size_t k = (size_t)(r->cap - pos);
+        if (k > n) k = n;
+        memcpy(r->buf + pos, d, k);
+        pos = (pos + k) % r->cap;
+        d += k;
+        n -= k;
+    }
+}
+
+static uint64_t ring_first(const struct ring *r) {
+    return r->total > r->cap ? r->total - r->cap : 0;
+}
+
+/* Emit bytes [from, to) (clamped to what is kept) as `type` frames; returns the start. */
+static uint64_t ring_emit(const struct ring *r, struct sink *s, char type, uint64_t from,
+                          uint64_t to) {
+    if (!r->cap) return to > r->total ? r->total : to;
+    if (from < ring_first(r)) from = ring_first(r);
+    if (to > r->total) to = r->total;
+    for (uint64_t at = from; at < to;) {
+        uint64_t pos = at % r->cap;
+        uint64_t k = r->cap - pos;
+        if (k > to - at) k = to - at;
+        if (k > READ_CHUNK) k = READ_CHUNK;
+        emit(s, type, r->buf + pos, (size_t)k);
+        at += k;
+    }
+    return from;
+}
+
+struct waiter {
+    int fd;        /* the client's connection */
+    int kind;      /* 1 pread: new bytes past `offset` or exit; 2 prun: mark `target` */
+    uint64_t until; /* ms, monotonic */
+    uint64_t offset, start;
+    unsigned target;
+    int err_stream;
+};
+
+struct keeper {
+    pid_t pid;
+    int status, exited;
+    int out_fd, err_fd, master, in_fd, mark_fd; /* -1 when absent or closed */
+    int pty;
+    struct ring out, err;
+    unsigned char *pend;
+    size_t pend_len;
+    int close_after; /* close stdin once the pending bytes are written */
+    unsigned marks;  /* lines read from the mark pipe */
+    unsigned expect; /* the mark that ends the last command prun wrote (a timed-out one too) */
+    int last_rc;
+    uint64_t mark_offset; /* out.total when the last mark arrived */
+    char markbuf[64];
+    size_t marklen;
+    struct waiter w[KEEP_MAX_WAITERS];
+    int nw;
+};
+
+static int recv_fd(int sock) {
+    char byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    ssize_t n;
+    while ((n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) return -2; /* the idle supervisor is gone */
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+/* Descendants of this process (the keeper is their subreaper), from /proc. */
+static int descendants(pid_t *out, int max) {
+    static pid_t pids[32768], ppids[32768];
+    int n = 0, k = 0;
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    struct dirent *e;
+    while (n < 32768 && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0) continue;
+        buf[r] = 0;
+        char *rp = strrchr(buf, ')'), state;
+        int ppid;
+        if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2) continue;
+        if (state == 'Z' || state == 'X') continue;
+        pids[n] = (pid_t)atoi(e->d_name);
+        ppids[n++] = (pid_t)ppid;
+    }
+    closedir(d);
+    pid_t self = getpid();
+    /* Breadth first from self: out[0..k) are descendants found so far. */
+    for (int i = 0; i < n && k < max; i++)
+        if (ppids[i] == self) out[k++] = pids[i];
+    for (int j = 0; j < k; j++)
+        for (int i = 0; i < n && k < max; i++)
+            if (ppids[i] == out[j]) out[k++] = pids[i];
+    return k;
+}
+
+static void keeper_reap(struct keeper *kp) {
+    char tmp[64];
+    while (read(sigchld_pipe[0], tmp, sizeof tmp) > 0) {
+    }
+    int status;
+    pid_t p;
+    while ((p = waitpid(-1, &status, WNOHANG)) > 0)
+        if (p == kp->pid && !kp->exited) {
+            kp->status = status;
+            kp->exited = 1;
+        }
+}
+
+/* Send `sig` to the whole tree; with SIGKILL, repeat until nothing of it is left. Returns
+ * how many processes got the first signal. */
+static int signal_tree(struct keeper *kp, int sig, uint64_t grace_ms) {
+    static pid_t tree[32768];
+    int n = descendants(tree, 32768), first = n;
+    if (!kp->exited) kill(-kp->pid, sig); /* the group too (a member could be mid-fork) */
+    for (int i = 0; i < n; i++) kill(tree[i], sig);
+    if (sig != SIGKILL && grace_ms == 0) return first;
+    uint64_t until = now_ms() + grace_ms;
+    while (sig != SIGKILL && now_ms() < until) {
+        keeper_reap(kp);
+        if (descendants(tree, 32768) == 0) return first;
+        sleep_ms(5);
+    }
+    uint64_t stop = now_ms() + REAP_GROUP_MS;
+    while (now_ms() < stop) {
+        n = descendants(tree, 32768);
+        for (int i = 0; i < n; i++) kill(tree[i], SIGKILL);
+        keeper_reap(kp);
+        if (n == 0) break;
+        sleep_ms(2);
+    }
+    keeper_reap(kp);
+    return first;
+}
+
+static void keeper_status(struct keeper *kp, char *buf, size_t len) {
+    int sig = kp->exited && WIFSIGNALED(kp->status) ? WTERMSIG(kp->status) : 0;
+    int code = !kp->exited ? -1 : sig ? 128 + sig : WEXITSTATUS(kp->status);
+    snprintf(buf, len,
+             "pid=%d\nrunning=%d\nexit_code=%d\nsignal=%d\nstdout_total=%llu\n"
+             "stderr_total=%llu\nstdout_first=%llu\nstderr_first=%llu\nstdin_open=%d\n"
+             "stdin_pending=%zu\nmarks=%u\nlast_rc=%d\nmark_offset=%llu\npty=%d\n",
+             (int)kp->pid, !kp->exited, code, sig, (unsigned long long)kp->out.total,
+             (unsigned long long)kp->err.total, (unsigned long long)ring_first(&kp->out),
+             (unsigned long long)ring_first(&kp->err), kp->in_fd >= 0, kp->pend_len, kp->marks,
+             kp->last_rc, (unsigned long long)kp->mark_offset, kp->pty);
+}
+
+static void keeper_pump_in(struct keeper *kp) {
+    while (kp->in_fd >= 0 && kp->pend_len > 0) {
+        ssize_t w = write(kp->in_fd, kp->pend, kp->pend_len);
+        if (w > 0) {
+            memmove(kp->pend, kp->pend + w, kp->pend_len - (size_t)w);
+            kp->pend_len -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        kp->pend_len = 0; /* EPIPE: the reader is gone */
+        if (!kp->pty) {
+            close(kp->in_fd);
+            kp->in_fd = -1;
+        }
+    }
+    if (kp->close_after && kp->pend_len == 0 && kp->in_fd >= 0) {
+        if (kp->pty) {
+            (void)!write(kp->in_fd, "\004", 1); /* EOF on a terminal: ^D */
+        } else {
+            close(kp->in_fd);
+            kp->in_fd = -1;
+        }
+        kp->close_after = 0;
+    }
+}
+
+/* Read a stream into its ring. Returns 1 when data was read. */
+static int keeper_read(struct keeper *kp, int *fd, struct ring *r) {
+    static unsigned char buf[READ_CHUNK];
+    if (*fd < 0) return 0;
+    ssize_t n = read(*fd, buf, sizeof buf);
+    if (n > 0) {
+        ring_add(r, buf, (size_t)n);
+        return 1;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EINTR)) { /* EIO: the terminal's last closer */
+        if (*fd == kp->in_fd) kp->in_fd = -1;
+        close(*fd);
+        *fd = -1;
+    }
+    return 0;
+}
+
+static void keeper_drain(struct keeper *kp) {
+    int *fd = kp->pty ? &kp->master : &kp->out_fd;
+    while (keeper_read(kp, fd, &kp->out)) {
+    }
+    while (keeper_read(kp, &kp->err_fd, &kp->err)) {
+    }
+}
+
+static void keeper_read_marks(struct keeper *kp) {
+    char buf[256];
+    ssize_t n = read(kp->mark_fd, buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        close(kp->mark_fd);
+        kp->mark_fd = -1;
+        return;
+    }
+    /* The output written before the prompt is in the terminal's queue: read it first (a
+     * read of the master flushes the pty's pending work), so the mark's offset covers it. */
+    keeper_drain(kp);
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] != '\n') {
+            if (kp->marklen < sizeof kp->markbuf - 1) kp->markbuf[kp->marklen++] = buf[i];
+            continue;
+        }
+        kp->markbuf[kp->marklen] = 0;
+        kp->last_rc = atoi(kp->markbuf);
+        kp->marklen = 0;
+        kp->marks++;
+        kp->mark_offset = kp->out.total;
+    }
+}
+
+static void keeper_reply_read(struct keeper *kp, struct waiter *w) {
+    struct sink s = {.fd = w->fd, .broken = 0};
+    struct ring *r = w->err_stream ? &kp->err : &kp->out;
+    uint64_t start = ring_emit(r, &s, w->err_stream ? 'E' : 'O', w->offset, r->total);
+    char buf[1024];
+    keeper_status(kp, buf, sizeof buf);
+    size_t n = strlen(buf);
+    snprintf(buf + n, sizeof buf - n, "offset=%llu\nnext=%llu\ndropped=%llu\ntimed_out=%d\n",
+             (unsigned long long)start, (unsigned long long)r->total,
+             (unsigned long long)(start - (w->offset < start ? w->offset : start)),
+             now_ms() >= w->until && r->total <= w->offset && !kp->exited);
+    emit(&s, 'R', buf, strlen(buf));
+}
+
+static void keeper_reply_run(struct keeper *kp, struct waiter *w) {
+    struct sink s = {.fd = w->fd, .broken = 0};
+    int done = kp->marks >= w->target;
+    uint64_t end = kp->out.total; /* the caller cuts at the shell's in-band end mark */
+    uint64_t start = ring_emit(&kp->out, &s, 'O', w->start, end);
+    char buf[1024];
+    keeper_status(kp, buf, sizeof buf);
+    size_t n = strlen(buf);
+    snprintf(buf + n, sizeof buf - n,
+             "offset=%llu\nnext=%llu\ndropped=%llu\ndone=%d\ntimed_out=%d\n",
+             (unsigned long long)start, (unsigned long long)end,
+             (unsigned long long)(start - w->start), done, !done && !kp->exited);
+    emit(&s, 'R', buf, strlen(buf));
+}
+
+/* Check the waiters; answer (and close) those whose condition holds or whose time is up. */
+static void keeper_wake(struct keeper *kp) {
+    uint64_t t = now_ms();
+    for (int i = 0; i < kp->nw;) {
+        struct waiter *w = &kp->w[i];
+        struct ring *r = w->err_stream ? &kp->err : &kp->out;
+        int ready = w->kind == 1 ? r->total > w->offset || kp->exited
+                                 : kp->marks >= w->target || kp->exited;
+        if (!ready && t < w->until) {
+            i++;
+            continue;
+        }
+        if (w->kind == 2 && !ready) keeper_drain(kp);
+        if (w->kind == 1) keeper_reply_read(kp, w);
+        else keeper_reply_run(kp, w);
+        close(w->fd);
+        kp->w[i] = kp->w[--kp->nw];
+    }
+}
+
+static void keeper_add_waiter(struct keeper *kp, struct waiter w) {
+    if (kp->nw >= KEEP_MAX_WAITERS) {
+        struct sink s = {.fd = w.fd, .broken = 0};
+        emit_error(&s, "busy", "%d reads are already waiting on this process", KEEP_MAX_WAITERS);
+        close(w.fd);
+        return;
+    }
+    kp->w[kp->nw++] = w;
+}
+
+static int keeper_queue_stdin(struct keeper *kp, const struct request *rq, struct sink *s) {
+    if (kp->in_fd < 0 && rq->stdin_len) {
+        emit_error(s, "state", "stdin is closed");
+        return -1;
+    }
+    if (kp->pend_len + rq->stdin_len > KEEP_STDIN_MAX) {
+        emit_error(s, "busy", "stdin has %zu bytes the process has not read yet (limit %u)",
+                   kp->pend_len, KEEP_STDIN_MAX);
+        return -1;
+    }
+    if (rq->stdin_len) {
+        if (!kp->pend) kp->pend = xmalloc(KEEP_STDIN_MAX);
+        memcpy(kp->pend + kp->pend_len, rq->stdin_data, rq->stdin_len);
+        kp->pend_len += rq->stdin_len;
+    }
+    if (rq->close_stdin) kp->close_after = 1;
+    keeper_pump_in(kp);
+    return 0;
+}
+
+/* One op on a kept process, from a connection the idle supervisor passed. Returns 1 when
+ * the keeper must exit (prelease). The connection is closed here or by a waiter. */
+static int keeper_serve(struct keeper *kp, int conn) {
+    struct sink s = {.fd = conn, .broken = 0};
+    struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t len = 0;
+    char err[512] = "", buf[1024];
+    struct request rq;
+    unsigned char *rec = read_record(conn, &len, err, sizeof err);
+    if (!rec || parse_request(rec, len, &rq, err, sizeof err) < 0) {
+        emit_error(&s, "request", "%s", err);
+        close(conn);
+        free(rec);
+        return 0;
+    }
+    int quit = 0, keep_open = 0;
+    uint64_t until = now_ms() + (rq.has_wait ? rq.timeout_ms : 0);
+    if (strcmp(rq.op, "pstatus") == 0) {
+        keeper_status(kp, buf, sizeof buf);
+        emit(&s, 'R', buf, strlen(buf));
+    } else if (strcmp(rq.op, "pread") == 0) {
+        struct waiter w = {.fd = conn, .kind = 1, .until = until, .offset = rq.offset,
+                           .err_stream = strcmp(rq.stream, "stderr") == 0};
+        keeper_drain(kp);
+        keep_open = 1;
+        keeper_add_waiter(kp, w);
+    } else if (strcmp(rq.op, "pwrite") == 0) {
+        if (keeper_queue_stdin(kp, &rq, &s) == 0) {
+            keeper_status(kp, buf, sizeof buf);
+            emit(&s, 'R', buf, strlen(buf));
+        }
+    } else if (strcmp(rq.op, "prun") == 0) { /* write a command line; answer at the mark */
+        keeper_drain(kp);
+        unsigned base = kp->marks > kp->expect ? kp->marks : kp->expect;
+        struct waiter w = {.fd = conn, .kind = 2, .until = until, .start = kp->out.total,
+                           .target = base + 1};
+        if (kp->mark_fd < 0 && !kp->marks) {
+            emit_error(&s, "state", "this process reports no prompts (not a session)");
+        } else if (keeper_queue_stdin(kp, &rq, &s) == 0) {
+            kp->expect = w.target; /* a later prun answers after this command's prompt */
+            keep_open = 1;
+            keeper_add_waiter(kp, w);
+        }
+    } else if (strcmp(rq.op, "psignal") == 0) {
+        int sig = (int)rq.signo;
+        if (sig <= 0 || sig >= NSIG) {
+            emit_error(&s, "request", "signal must be 1..%d", NSIG - 1);
+        } else {
+            int n = signal_tree(kp, sig, sig == SIGTERM ? rq.grace_ms : 0);
+            keeper_drain(kp);
+            keeper_status(kp, buf, sizeof buf);
+            size_t k = strlen(buf);
+            snprintf(buf + k, sizeof buf - k, "signalled=%d\n", n);
+            emit(&s, 'R', buf, strlen(buf));
+        }
+    } else if (strcmp(rq.op, "presize") == 0) {
+        struct winsize ws = {.ws_row = (unsigned short)rq.rows, .ws_col = (unsigned short)rq.cols};
+        if (!kp->pty) emit_error(&s, "state", "not a terminal");
+        else if (rq.rows < 1 || rq.rows > 1000 || rq.cols < 1 || rq.cols > 1000)
+            emit_error(&s, "request", "rows and cols must be 1..1000");
+        else if (kp->master < 0 || ioctl(kp->master, TIOCSWINSZ, &ws) < 0)
+            emit_error(&s, "state", "the terminal is closed");
+        else
+            emit(&s, 'R', "ok=1\n", 5);
+    } else if (strcmp(rq.op, "prelease") == 0) {
+        signal_tree(kp, kp->pty ? SIGHUP : SIGTERM, rq.grace_ms); /* a shell ignores TERM */
+        emit(&s, 'R', "ok=1\n", 5);
+        quit = 1;
+    } else {
+        emit_error(&s, "request", "unknown op %s for a kept process", rq.op);
+    }
+    if (!keep_open) close(conn);
+    free(rec);
+    return quit;
+}
+
+static void keeper_loop(struct keeper *kp, int priv) {
+    for (;;) {
+        struct pollfd pf[8];
+        int n = 0, i_sig, i_priv, i_out = -1, i_err = -1, i_in = -1, i_mark = -1;
+        int *outfd = kp->pty ? &kp->master : &kp->out_fd;
+        i_sig = n;
+        pf[n++] = (struct pollfd){.fd = sigchld_pipe[0], .events = POLLIN};
+        i_priv = n;
+        pf[n++] = (struct pollfd){.fd = priv, .events = POLLIN};
+        if (*outfd >= 0) {
+            i_out = n;
+            pf[n++] = (struct pollfd){.fd = *outfd, .events = POLLIN};
+        }
+        if (kp->err_fd >= 0) {
+            i_err = n;
+            pf[n++] = (struct pollfd){.fd = kp->err_fd, .events = POLLIN};
+        }
+        if (kp->mark_fd >= 0) {
+            i_mark = n;
+            pf[n++] = (struct pollfd){.fd = kp->mark_fd, .events = POLLIN};
+        }
+        if (kp->in_fd >= 0 && kp->pend_len > 0 && !kp->pty) {
+            i_in = n;
+            pf[n++] = (struct pollfd){.fd = kp->in_fd, .events = POLLOUT};
+        }
+        int timeout = -1;
+        uint64_t t = now_ms();
+        for (int i = 0; i < kp->nw; i++) {
+            int left = kp->w[i].until <= t ? 0 : (int)(kp->w[i].until - t);
+            if (timeout < 0 || left < timeout) timeout = left;
+        }
+        if (kp->pty && kp->pend_len > 0 && (timeout < 0 || timeout > 5)) timeout = 5;
+        int r = poll(pf, (nfds_t)n, timeout);
+        if (r < 0 && errno != EINTR) break;
+        if (r > 0 && pf[i_sig].revents) keeper_reap(kp);
+        if (r > 0 && i_out >= 0 && pf[i_out].revents) keeper_read(kp, outfd, &kp->out);
+        if (r > 0 && i_err >= 0 && pf[i_err].revents) keeper_read(kp, &kp->err_fd, &kp->err);
+        if (r > 0 && i_mark >= 0 && pf[i_mark].revents) keeper_read_marks(kp);
+        if (r > 0 && i_in >= 0 && pf[i_in].revents) keeper_pump_in(kp);
+        if (kp->pty) keeper_pump_in(kp);
+        if (r > 0 && pf[i_priv].revents) {
+            int conn = recv_fd(priv);
+            if (conn == -2) break; /* the idle supervisor is gone: so is the sandbox */
+            if (conn >= 0 && keeper_serve(kp, conn)) break;
+        }
+        keeper_reap(kp);
+        keeper_wake(kp);
+    }
+    signal_tree(kp, SIGKILL, 0);
+    _exit(0);
+}
+
+/* The `spawn` op, in a handler the idle supervisor made with a keeper connection: start the
+ * command, answer S and R (handle = this handler's pid), then keep it (keeper_loop). */
+static int run_spawn(const struct request *rq, struct sink *s) {
+    int priv = keeper_priv_fd;
+    if (priv < 0) {
+        emit_error(s, "channel", "background processes need the exec channel");
+        return 2;
+    }
+    if (rq->max_output > KEEP_MAX_OUTPUT) {
+        emit_error(s, "request", "max_output_bytes above %u", KEEP_MAX_OUTPUT);
+        return 2;
+    }
+    struct keeper *kp = xmalloc(sizeof *kp);
+    memset(kp, 0, sizeof *kp);
+    kp->out_fd = kp->err_fd = kp->master = kp->in_fd = kp->mark_fd = -1;
+    kp->pty = rq->pty;
+    kp->last_rc = -1;
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1}, report[2], mark[2] = {-1, -1};
+    int slave = -1;
+    if (pipe2(report, O_CLOEXEC) < 0 || (rq->marks && pipe2(mark, O_CLOEXEC) < 0)) {
+        emit_error(s, "internal", "pipe: %s", strerror(errno));
+        return 1;
+    }
+    if (rq->pty) {
+        kp->master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+        struct winsize ws = {.ws_row = (unsigned short)(rq->rows ? rq->rows : 24),
+                             .ws_col = (unsigned short)(rq->cols ? rq->cols : 80)};
+        char *name = kp->master >= 0 && grantpt(kp->master) == 0 && unlockpt(kp->master) == 0
+                         ? ptsname(kp->master)
+                         : NULL;
+        if (name) slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (slave < 0 || ioctl(kp->master, TIOCSWINSZ, &ws) < 0) {
+            emit_error(s, "internal", "pseudo-terminal: %s", strerror(errno));
+            return 1;
+        }
+        kp->in_fd = kp->master;
+    } else if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+               pipe2(in, O_CLOEXEC) < 0) {
+        emit_error(s, "internal", "pipe: %s", strerror(errno));
+        return 1;
+    }
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    kp->pid = fork_retry(FORK_RETRY_MS);
+    if (kp->pid < 0) {
+        emit_error(s, "spawn", "fork: %s", strerror(errno));
+        return 1;
+    }
+    if (kp->pid == 0) {
+        close(priv);
+        if (mark[1] >= 0 && dup2(mark[1], MARK_FD) < 0) _exit(125);
+        if (rq->pty) child_exec(rq, slave, slave, slave, report[1], -1);
+        child_exec(rq, in[0], out[1], err[1], report[1], -1);
+    }
+    close(report[1]);
+    if (slave >= 0) close(slave);
+    if (mark[1] >= 0) close(mark[1]);
+    if (!rq->pty) {
+        close(out[1]);
+        close(err[1]);
+        close(in[0]);
+        kp->out_fd = out[0];
+        kp->err_fd = err[0];
+        kp->in_fd = in[1];
+    }
+    kp->mark_fd = mark[0];
+    int cwd_errno = 0;
+    ssize_t rn;
+    while ((rn = read(report[0], &cwd_errno, sizeof cwd_errno)) < 0 && errno == EINTR) {
+    }
+    close(report[0]);
+    if (rn == (ssize_t)sizeof cwd_errno) {
+        waitpid(kp->pid, NULL, 0);
+        emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(cwd_errno));
+        return 1;
+    }
+    int fds[] = {kp->out_fd, kp->err_fd, kp->master, kp->in_fd, kp->mark_fd};
+    for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
+        if (fds[i] >= 0) set_nonblock(fds[i]);
+    kp->out.cap = kp->err.cap = rq->max_output;
+    kp->out.buf = xmalloc(rq->max_output ? (size_t)rq->max_output : 1);
+    kp->err.buf = rq->pty ? NULL : xmalloc(rq->max_output ? (size_t)rq->max_output : 1);
+    if (rq->pty) kp->err.cap = 0;
+    char buf[64];
+    int n = snprintf(buf, sizeof buf, "pid=%d\n", (int)kp->pid);
+    emit(s, 'S', buf, (size_t)n);
+    n = snprintf(buf, sizeof buf, "handle=%d\npid=%d\n", (int)getpid(), (int)kp->pid);
+    emit(s, 'R', buf, (size_t)n);
+    close(s->fd);
+    s->broken = 1;
+    prctl(PR_SET_NAME, "crucible-keep", 0, 0, 0);
+    keeper_loop(kp, priv);
+    return 0;
+}
+
 /* ========================================================================== channel */
 
 static int dispatch(const struct request *rq, struct sink *s);
@@ -1242,27 +1851,93 @@ static int connect_control(const char *path) {
 }
 
 /* Serve the control connection: for each 'N' byte, fork a handler on a fresh socketpair and
- * pass the other end back (SCM_RIGHTS). Nothing else can reach a handler: there is no
- * listening socket anywhere. Returns when the control plane goes away. */
+ * pass the other end back (SCM_RIGHTS). 'K' does the same for a handler that may become a
+ * keeper (a `spawn` request): this process keeps a private socketpair to it, and 'A' + u32
+ * pid (big-endian) makes a fresh socketpair, passes one end to that keeper and the other
+ * back (or answers 'E': no such keeper). Nothing else can reach a handler or a keeper:
+ * there is no listening socket anywhere. Returns when the control plane goes away. */
+#define MAX_KEEPERS 64
 static void serve_control(int control) {
     /* Not dumpable: the agent's processes (same uid, no CAP_SYS_PTRACE) cannot ptrace this
      * process, read its memory or take its descriptors (pidfd_getfd). */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    struct { pid_t pid; int fd; } keepers[MAX_KEEPERS];
+    int nk = 0;
     for (;;) {
+        struct pollfd pf[MAX_KEEPERS + 1];
+        pf[0] = (struct pollfd){.fd = control, .events = POLLIN};
+        for (int i = 0; i < nk; i++) pf[i + 1] = (struct pollfd){.fd = keepers[i].fd, .events = POLLIN};
+        if (poll(pf, (nfds_t)(nk + 1), -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = nk - 1; i >= 0; i--) /* a keeper (or a handler that did not become one) went */
+            if (pf[i + 1].revents) {
+                close(keepers[i].fd);
+                keepers[i] = keepers[--nk];
+            }
+        if (!pf[0].revents) continue;
         char byte;
         ssize_t n = read(control, &byte, 1);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
-        if (byte != 'N') break;
-        int pair[2];
+        if (byte == 'A') {
+            unsigned char raw[4];
+            if (read_exact(control, raw, 4) < 0) break;
+            pid_t want = (pid_t)be32(raw);
+            int k = -1, pair[2];
+            for (int i = 0; i < nk; i++)
+                if (keepers[i].pid == want) k = i;
+            if (k < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) {
+                char no = 'E';
+                if (write(control, &no, 1) != 1) break;
+                continue;
+            }
+            int ok = send_fd(keepers[k].fd, pair[1]);
+            close(pair[1]);
+            int sent = ok == 0 ? send_fd(control, pair[0]) : -1;
+            close(pair[0]);
+            if (ok < 0) {
+                char no = 'E';
+                if (write(control, &no, 1) != 1) break;
+            } else if (sent < 0) {
+                break;
+            }
+            continue;
+        }
+        if (byte != 'N' && byte != 'K') break;
+        int pair[2], priv[2] = {-1, -1};
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) break;
+        int keep = byte == 'K' && nk < MAX_KEEPERS &&
+                   socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, priv) == 0;
+        if (byte == 'K' && !keep) {
+            close(pair[0]);
+            close(pair[1]);
+            char no = 'E';
+            if (write(control, &no, 1) != 1) break;
+            continue;
+        }
         pid_t pid = fork_retry(FORK_RETRY_MS); /* a fork bomb being reaped frees pids soon */
         if (pid == 0) {
             close(control);
             close(pair[0]);
+            for (int i = 0; i < nk; i++) close(keepers[i].fd);
+            if (keep) {
+                close(priv[0]);
+                keeper_priv_fd = priv[1];
+            }
             serve_connection(pair[1]);
         }
         close(pair[1]);
+        if (keep) {
+            close(priv[1]);
+            if (pid > 0) {
+                keepers[nk].pid = pid;
+                keepers[nk++].fd = priv[0];
+            } else {
+                close(priv[0]);
+            }
+        }
         int sent = pid > 0 ? send_fd(control, pair[0]) : -1;
         close(pair[0]);
         if (pid < 0) {
@@ -1316,6 +1991,7 @@ static int dispatch(const struct request *rq, struct sink *s) {
     if (strcmp(rq->op, "resolve") == 0) return run_resolve(rq, s);
     if (strcmp(rq->op, "mkdir") == 0) return run_mkdir(rq, s);
     if (strcmp(rq->op, "kill") == 0) return run_kill(rq, s);
+    if (strcmp(rq->op, "spawn") == 0) return run_spawn(rq, s);
     emit_error(s, "request", "unknown op %s", rq->op);
     return 2;
 }
