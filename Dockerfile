@@ -20,10 +20,11 @@ RUN python3 -m venv /opt/venv \
       -r /tmp/stack/requirements.txt "setuptools>=68" wheel \
  && rm -rf /tmp/stack
 
+# Editable: the package runs from /app, so every data file the source tree has is there
+# (tasks, sandbox_images and the supervisor's sources included).
 COPY . /app
 RUN /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check -q \
-      --no-deps --no-build-isolation /app \
- && rm -rf /app/build /app/*.egg-info
+      --no-deps --no-build-isolation -e /app
 
 ENV PATH=/opt/venv/bin:$PATH \
     LANG=C.UTF-8 \

@@ -79,7 +79,7 @@ EOF
 wait_ready() {  # wait_ready PORT...: until every replica's /readyz answers 200
   local deadline=$((SECONDS + ${CRUCIBLE_STACK_READY_S:-180})) port
   for port in "$@"; do
-    until curl -fsS -o /dev/null "http://127.0.0.1:$port/readyz"; do
+    until curl -fs -o /dev/null "http://127.0.0.1:$port/readyz" 2>/dev/null; do
       if [ "$SECONDS" -ge "$deadline" ]; then
         compose ps >&2; compose logs --tail 30 >&2
         die "replica on port $port not ready within ${CRUCIBLE_STACK_READY_S:-180} s"
