@@ -103,6 +103,7 @@ def images_list(as_json: JsonOption = False) -> None:
 # Operational commands register themselves on `app` (serve, keys, audit, db).
 import service.cli_builds  # noqa: E402, F401
 import service.cli_ops  # noqa: E402, F401
+import service.cli_replay  # noqa: E402, F401
 import service.cli_rollout  # noqa: E402, F401
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ once, in ``get_owned``: another tenant's sandbox is ``NotFound``, never ``Forbid
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -366,6 +367,9 @@ def _audit_exec(
             stdout_bytes=res.stdout_total_bytes,
             stderr_bytes=res.stderr_total_bytes,
             duration_ms=round(res.duration_ms, 3),
+            # what came back (head + tail when truncated), so a replay can compare outputs
+            stdout_sha256=hashlib.sha256(res.stdout).hexdigest(),
+            stderr_sha256=hashlib.sha256(res.stderr).hexdigest(),
         )
     if error:
         details["error"] = error[:500]

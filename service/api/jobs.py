@@ -9,6 +9,7 @@ import threading
 from fastapi import APIRouter, Response, status
 
 from service import episodes, scheduler, tenants
+from service import replay as replay_mod
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
 from service.context import ServiceContext
@@ -312,3 +313,16 @@ def complete(item_id: str, body: CompleteIn, ctx: Ctx, principal: CurrentPrincip
             task = episodes.resolve_task(ctx, item.task_id, item.suite or job.suite)
             ctx.pools.drop_demand(template_name(task), owner=job.tenant_id)
     return item_out(item, job)
+
+
+@router.post(
+    "/episodes/{episode_id}/replay",
+    response_model=replay_mod.ReplayReport,
+    responses=error_responses(404, 409, 429),
+)
+def replay(episode_id: str, ctx: Ctx, principal: CurrentPrincipal) -> replay_mod.ReplayReport:
+    """Re-run a verified episode's recorded actions in a new sandbox of the same task version
+    and image digest; compare each turn's exit code and output and the final reward.
+    ``divergences`` lists what differed; ``nondeterministic`` says the task itself did (same
+    version and digest). Nothing is recorded; the replay's sandbox is released."""
+    return replay_mod.replay(ctx, principal, episode_id)
