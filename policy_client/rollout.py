@@ -28,6 +28,13 @@ lists are all or nothing: if any turn came back as text without tokens, the reco
 (an honest "no tokens" rather than a sequence with holes), and the record's ``missing``
 (``token_ids``, ``logprobs``) and ``missing_reason`` say what is absent and why.
 
+Checkpoints (``checkpoint_every = K`` > 0): before turns K, 2K, ... the runner stores a
+checkpoint of the episode (the server snapshots its sandbox; the runner sends the chat and
+trajectory so far, token ids included). A claim of an item that has checkpoints (its last
+worker was lost, timed out or restarted) resumes those samples: each goes on in a sandbox
+forked from its checkpoint, at the checkpoint's turn, with the stored trajectory; the
+record's ``resumed_from`` names the checkpoint.
+
 A group whose samples all took the same actions while the policy samples at a temperature
 above 0 is suspicious (a seed repeated per request, a server ignoring the temperature): the
 runner logs a warning and keeps it in ``warnings``.
@@ -37,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import socket
 import time
@@ -46,6 +55,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from policy_client.calls import Call
 from policy_client.client import AsyncClient, Client
 from policy_client.errors import (
     APIError,
@@ -94,6 +104,7 @@ class RolloutConfig:
     exec_timeout_s: float = 180.0
     claim_lease_s: float = 60.0  # the claim lapses this long after the worker's last beat
     traffic: Traffic = "batch"  # PolicyRequest.traffic of every request
+    checkpoint_every: int = 0  # turns between episode checkpoints (0: none, no resume)
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
 
 
@@ -176,6 +187,7 @@ class RolloutRunner:
             policy, batch_size=self.config.batch_size, wait_s=self.config.batch_wait_s
         )
         self.outcomes: list[EpisodeOutcome] = []
+        self._resume: dict[str, dict[str, Any]] = {}  # episode id -> checkpoint state
         self.warnings: list[str] = []  # e.g. identical samples in a group at temperature > 0
 
     async def run_job(self, job_id: str) -> list[EpisodeOutcome]:
@@ -290,7 +302,46 @@ class RolloutRunner:
             log.warning(msg)
             self.warnings.append(msg)
 
+    async def _resume_samples(self, item: WorkItemOut) -> None:
+        """Resume the item's checkpointed samples under this claim (they then come back as
+        live episodes of the claim from the group start)."""
+        cks = json.loads(
+            await self.client.run(
+                Call("GET", f"/v1/work-items/{item.id}/checkpoints", idempotent=True)
+            )
+        )
+        for ck in cks:
+            try:
+                raw = await self.client.run(
+                    Call(
+                        "POST",
+                        f"/v1/work-items/{item.id}/resume",
+                        json={"sample_idx": ck["sample_idx"]},
+                        keyed=True,
+                    )
+                )
+            except (ConflictError, NotFoundError):
+                continue  # recorded meanwhile, or the checkpoint expired: start afresh
+            ep = EpisodeOut.model_validate_json(raw)
+            self._resume[ep.id] = {**ck["state"], "checkpoint_id": ck["id"]}
+
+    async def _checkpoint(
+        self, ep: EpisodeOut, turn: int, messages: list, traj: _Trajectory
+    ) -> None:
+        """Store a checkpoint after ``turn`` turns (a failure is logged, not fatal)."""
+        state = {"turn": turn, "messages": messages, "trajectory": dataclasses.asdict(traj)}
+        try:
+            await self.client.run(
+                Call(
+                    "POST", f"/v1/episodes/{ep.id}/checkpoints", json={"turn": turn, "state": state}
+                )
+            )
+        except ClientError as e:
+            log.warning("checkpoint of %s at turn %d failed: %s", ep.id, turn, e)
+
     async def _start_group(self, item: WorkItemOut) -> list[EpisodeOut]:
+        if self.config.checkpoint_every > 0:
+            await self._resume_samples(item)
         for _ in range(60):
             try:
                 started = await self.client.start_episodes(
@@ -318,11 +369,22 @@ class RolloutRunner:
         )
         messages = initial_messages(ep.instruction)
         traj = _Trajectory(instruction=ep.instruction, prompt_messages=list(messages))
+        first, every = 0, self.config.checkpoint_every
+        resumed = self._resume.pop(ep.id, None)
+        if resumed is not None:  # go on from the checkpoint: its chat, trajectory and turn
+            messages, traj, first = (
+                resumed["messages"],
+                _Trajectory(**resumed["trajectory"]),
+                resumed["turn"],
+            )
         stop = "max_turns"
-        deadline = time.monotonic() + ep.agent_timeout_s
+        spent_s = (traj.policy_ms + traj.env_ms) / 1e3
+        deadline = time.monotonic() + ep.agent_timeout_s - spent_s
         try:
             await asyncio.to_thread(self.policy.prepare, ctx, self.sync_client)
-            for turn in range(self.config.max_turns):
+            for turn in range(first, self.config.max_turns):
+                if every and turn > first and turn % every == 0:
+                    await self._checkpoint(ep, turn, messages, traj)
                 if time.monotonic() >= deadline:
                     stop = "agent_timeout"
                     break

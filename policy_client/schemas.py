@@ -374,6 +374,7 @@ class RewardRecord(_Out):
     timing: Timing = Field(default_factory=Timing)
     sandbox_id: str
     snapshot_id: str | None = None
+    resumed_from: str | None = None
     created_at: datetime = Field(default_factory=_now)
 
     @model_validator(mode="before")

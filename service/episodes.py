@@ -519,6 +519,7 @@ def build_record(
             timing=timing,
             sandbox_id=ep.sandbox_id,
             snapshot_id=snapshot_id,
+            resumed_from=(ep.timing or {}).get("resumed", {}).get("checkpoint_id"),
         )
     except ValidationError as e:
         first = e.errors()[0]

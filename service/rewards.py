@@ -200,6 +200,7 @@ class RewardRecord(_Model):
     timing: Timing = Field(default_factory=Timing)
     sandbox_id: str = Field(max_length=40)
     snapshot_id: str | None = Field(default=None, max_length=40)
+    resumed_from: str | None = Field(default=None, max_length=40)
     created_at: UTCDatetime = Field(default_factory=utcnow)
 
     @model_validator(mode="before")
@@ -763,6 +764,7 @@ _RECORD_FIELDS = [
     _f("timing", _TIMING),
     _f("sandbox_id", pa.string()),
     _f("snapshot_id", pa.string(), nullable=True),
+    _f("resumed_from", pa.string(), nullable=True),
     _f("created_at", pa.timestamp("us", tz="UTC")),
 ]
 

@@ -8,17 +8,18 @@ import threading
 
 from fastapi import APIRouter, Response, status
 
-from service import episodes, scheduler, tenants
+from service import checkpoints, episodes, scheduler, tenants
 from service import replay as replay_mod
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
+from service.api.tasks import episode_out
 from service.context import ServiceContext
 from service.db.models import Job, Tenant, WorkItem
 from service.errors import CrucibleError, InvalidRequest, NotFound
 from service.scheduler.hooks import Hooks
 from service.scheduler.spec import Schedule
 from service.scheduler.spec import load as load_schedule
-from service.schemas import ClaimIn, CompleteIn, JobIn, JobOut, WorkItemOut
+from service.schemas import ClaimIn, CompleteIn, EpisodeOut, JobIn, JobOut, WorkItemOut
 from service.tasks import builds
 from service.tasks.models import Task
 from service.tasks.registry import template_name
@@ -308,6 +309,8 @@ def complete(item_id: str, body: CompleteIn, ctx: Ctx, principal: CurrentPrincip
         hooks=hooks(ctx),
     )
     job = scheduler.get_job(ctx.db, principal, item.job_id)
+    if item.state not in scheduler.OPEN_ITEM_STATES:  # nothing left to resume
+        checkpoints.drop_item(ctx, principal, item.id)
     if item.state in ("done", "failed") and job.state in scheduler.FINAL_JOB_STATES:
         with contextlib.suppress(CrucibleError):  # a task gone from the registry has no pool
             task = episodes.resolve_task(ctx, item.task_id, item.suite or job.suite)
@@ -326,3 +329,46 @@ def replay(episode_id: str, ctx: Ctx, principal: CurrentPrincipal) -> replay_mod
     ``divergences`` lists what differed; ``nondeterministic`` says the task itself did (same
     version and digest). Nothing is recorded; the replay's sandbox is released."""
     return replay_mod.replay(ctx, principal, episode_id)
+
+
+@router.post(
+    "/episodes/{episode_id}/checkpoints",
+    status_code=status.HTTP_201_CREATED,
+    response_model=checkpoints.CheckpointOut,
+    responses=error_responses(400, 404, 409, 429),
+)
+def checkpoint(
+    episode_id: str, body: checkpoints.CheckpointIn, ctx: Ctx, principal: CurrentPrincipal
+) -> checkpoints.CheckpointOut:
+    """Checkpoint a job's running episode: its sandbox's snapshot plus ``state`` (the
+    trajectory so far, token ids included) after ``turn`` turns; replaces the sample's
+    previous checkpoint."""
+    return checkpoints.out(checkpoints.save(ctx, principal, episode_id, body))
+
+
+@router.get(
+    "/work-items/{item_id}/checkpoints",
+    response_model=list[checkpoints.CheckpointOut],
+    responses=error_responses(404),
+)
+def item_checkpoints(
+    item_id: str, ctx: Ctx, principal: CurrentPrincipal
+) -> list[checkpoints.CheckpointOut]:
+    """The item's checkpoints (one per sample that has one), with their ``state``."""
+    rows = checkpoints.of_item(ctx, principal, item_id)
+    return [checkpoints.out(r, with_state=True) for r in rows]
+
+
+@router.post(
+    "/work-items/{item_id}/resume",
+    response_model=EpisodeOut,
+    responses=error_responses(404, 409, 429),
+)
+def resume(
+    item_id: str, body: checkpoints.ResumeIn, ctx: Ctx, principal: CurrentPrincipal
+) -> EpisodeOut:
+    """Resume a sample from its checkpoint under the item's live claim: a new episode in a
+    sandbox forked from the checkpoint's snapshot; its record names the checkpoint
+    (``resumed_from``). A later ``POST /v1/episodes`` for the item reuses it."""
+    started = checkpoints.resume(ctx, principal, item_id, body.sample_idx)
+    return episode_out(started.episode, started.task)

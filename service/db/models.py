@@ -338,3 +338,22 @@ class IdempotencyKey(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (Index("ix_idempotency_created", "created_at"),)
+
+
+class Checkpoint(Base):
+    """An episode's checkpoint: its sandbox's snapshot plus the runner's trajectory so far
+    (``state``: turns, chat, token ids...), after ``turn`` turns; the latest per sample."""
+
+    __tablename__ = "checkpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    work_item_id: Mapped[str] = mapped_column(String(40))
+    sample_idx: Mapped[int] = mapped_column(Integer)
+    episode_id: Mapped[str] = mapped_column(String(40))
+    turn: Mapped[int] = mapped_column(Integer)
+    snapshot_id: Mapped[str] = mapped_column(String(40))
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (UniqueConstraint("work_item_id", "sample_idx", name="uq_checkpoints_sample"),)
