@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -70,6 +71,7 @@ from policy_client.schemas import (
     WorkItemOut,
 )
 
+log = logging.getLogger(__name__)
 RETRY_STATUSES = (502, 503)
 OnOutput = Callable[[str], Any]
 
@@ -131,6 +133,26 @@ class _Base:
         if self.retries is not None and attempt >= self.retries:
             return False
         return time.monotonic() - started + self._pause(attempt) <= self.retry_deadline_s
+
+    def _unreachable(self, call: Call, e: Exception, attempt: int) -> TransportError:
+        """The error for a call that could not reach the server, naming where it looked."""
+        return TransportError(
+            f"{call.method} {self.base_url}{call.path}: {e} (after {attempt + 1} attempts; "
+            "is `crucible serve` running there? the URL comes from CRUCIBLE_URL)"
+        )
+
+    def _note_retry(self, call: Call, attempt: int, e: Exception) -> None:
+        """Say once per call that the server is being waited for (a restart takes seconds;
+        a server that is not there would otherwise be a silent wait of the whole deadline)."""
+        if attempt == 0:
+            log.warning(
+                "cannot reach %s (%s); retrying %s %s for up to %.0f s",
+                self.base_url,
+                e,
+                call.method,
+                call.path,
+                self.retry_deadline_s,
+            )
 
     def _pause(self, attempt: int) -> float:
         """Seconds to wait before retry ``attempt + 1``."""
@@ -201,7 +223,8 @@ class Client(_Base):
                 response = self._http.request(call.method, call.path, **kw)
             except httpx.TransportError as e:
                 if not self._may_retry(call, attempt, started):
-                    raise TransportError(f"{call.method} {call.path}: {e}") from e
+                    raise self._unreachable(call, e, attempt) from e
+                self._note_retry(call, attempt, e)
             else:
                 if response.status_code not in RETRY_STATUSES or not self._may_retry(
                     call, attempt, started
@@ -619,7 +642,8 @@ class AsyncClient(_Base):
                 response = await self._http.request(call.method, call.path, **kw)
             except httpx.TransportError as e:
                 if not self._may_retry(call, attempt, started):
-                    raise TransportError(f"{call.method} {call.path}: {e}") from e
+                    raise self._unreachable(call, e, attempt) from e
+                self._note_retry(call, attempt, e)
             else:
                 if response.status_code not in RETRY_STATUSES or not self._may_retry(
                     call, attempt, started

@@ -325,3 +325,22 @@ def test_problem_fields_and_retry_after() -> None:
     assert err.retry_after_s == 7.0 and err.field == "template" and err.detail == "d"
     plain = _raised(httpx.Response(500, text="not json"))
     assert isinstance(plain, errors.ServerError) and "not json" in plain.detail
+
+
+def test_an_absent_server_is_named_and_the_wait_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    # A new-user trial: with no server at CRUCIBLE_URL a GET waited the whole retry deadline
+    # (90 s) in silence, then said only "[Errno 111] Connection refused".
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on (bound, never listened)
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        with caplog.at_level("WARNING", logger="policy_client.client"):
+            client = Client(url, "k", backoff_s=0.05, retry_deadline_s=0.3)
+            with pytest.raises(errors.TransportError) as e:
+                client.get_job("job_1")
+            client.close()
+    assert (
+        url in str(e.value) and "crucible serve" in str(e.value) and "CRUCIBLE_URL" in str(e.value)
+    )
+    assert any("cannot reach" in r.getMessage() and url in r.getMessage() for r in caplog.records)
