@@ -117,7 +117,7 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
             420,
         )
         assert second.returncode == 0, second.stderr[-3000:]
-        summary = json.loads(second.stdout.strip().splitlines()[-1])
+        summary = json.loads(second.stdout[second.stdout.index("{") :])
         assert summary["state"] == "done", summary
         timings["job_done_s"] = time.monotonic() - t0
         records = _records(url2, key, job.id)
