@@ -102,7 +102,7 @@ admin_key() {  # one admin key per stack, kept in the data dir
 
 up() {
   local t0=$SECONDS
-  if ! have_image crucible/terminal:latest || ! have_image "$CRUCIBLE_STACK_BASE_IMAGE"; then
+  if ! have_image crucible/terminal:latest || ! have_image crucible/base:latest; then
     say "sandbox images missing: make images"
     make images >&2
   fi
