@@ -1,15 +1,27 @@
 """Exec through the API (issue 10): a dropped streaming exec stops its command within a
-second, and the exec result and the audit say when the pids limit was hit."""
+second, and the exec result and the audit say when the pids limit was hit, on SQLite and on
+PostgreSQL."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
+import pytest
 from sqlalchemy import select
 
 from service.db.models import AuditEvent
-from tests.integration.api.conftest import Stack
+from tests.integration.api.conftest import Stack, start_stack
 from tests.integration.api.test_sandboxes_api import lease, run
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    yield from start_stack(tmp_path_factory.mktemp("exec-limits"), db_kind=request.param)
 
 
 def _exec_audits(stack: Stack, sandbox_id: str) -> list[dict]:
