@@ -57,14 +57,16 @@ stamp=.venv/.crucible-install-stamp
 # torch first, pinned: an unpinned torch (or one pulled in by transformers) would be a
 # multi-GB CUDA build. TORCH_SPEC picks another build (e.g. a CUDA wheel on a GPU machine).
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-want=$( (cat pyproject.toml; echo "$TORCH_SPEC") | sha256sum | cut -d' ' -f1)
+# the extras the tests need: dev tools, the torch policy, TRL and an OpenAI-compatible server
+EXTRAS=dev,torch,trl,serving
+want=$( (cat pyproject.toml; echo "$TORCH_SPEC $EXTRAS") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c 'import service, torch' 2>/dev/null; then
   say "python: .venv up to date"
 else
-  say "python: pip install $TORCH_SPEC, then -e '.[dev,torch]' (log: $STATE_DIR/logs/pip.log)"
+  say "python: pip install $TORCH_SPEC, then -e '.[$EXTRAS]' (log: $STATE_DIR/logs/pip.log)"
   if ! { .venv/bin/python -c 'import torch' 2>/dev/null \
            || .venv/bin/python -m pip install "$TORCH_SPEC"; } >"$STATE_DIR/logs/pip.log" 2>&1 \
-     || ! .venv/bin/python -m pip install -e '.[dev,torch]' >>"$STATE_DIR/logs/pip.log" 2>&1; then
+     || ! .venv/bin/python -m pip install -e ".[$EXTRAS]" >>"$STATE_DIR/logs/pip.log" 2>&1; then
     tail -20 "$STATE_DIR/logs/pip.log" >&2
     die "pip install failed (full log: $STATE_DIR/logs/pip.log)"
   fi

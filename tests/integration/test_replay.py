@@ -26,10 +26,9 @@ CRUCIBLE = str(Path(sys.executable).parent / "crucible")
 SAMPLE_EVERY = 4
 # Oracle episodes whose *output* differs run to run on the same image and task version; their
 # exit codes and rewards do not. Replay reports them and flags the task nondeterministic.
-NONDETERMINISTIC_OUTPUT = {
-    # ``git cherry-pick`` prints the new commits' hashes, which depend on the commit time
-    "git-recover-dropped-commit",
-}
+# (``git-recover-dropped-commit`` was one until its oracle fixed the committer date: the
+# hashes ``git cherry-pick`` prints depended on the time.) None is left.
+NONDETERMINISTIC_OUTPUT: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +42,7 @@ def _key(stack: Stack) -> str:
 
 def _sample(stack: Stack, suite: str) -> list[str]:
     """Every ``SAMPLE_EVERY``-th task of the suite (all with CRUCIBLE_REPLAY_ALL=1): the three
-    suites in full take about 7 minutes here (all replayed clean on 2026-12-01, the one
-    known nondeterministic output aside)."""
+    suites in full take about 7 minutes here (all replayed clean on 2026-12-01)."""
     ids = sorted(stack.ctx.tasks.suite(suite).ids)
     return ids if os.environ.get("CRUCIBLE_REPLAY_ALL") == "1" else ids[::SAMPLE_EVERY]
 
