@@ -159,7 +159,9 @@ def _rollout(stack: Stack, out: Path, *args: str) -> tuple[int, dict, str]:
     try:
         summary = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"no JSON summary: {proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None
+        raise AssertionError(
+            f"no JSON summary: {proc.stdout[-2000:]} {proc.stderr[-3000:]}"
+        ) from None
     return proc.returncode, summary, proc.stderr
 
 
