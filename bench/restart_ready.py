@@ -36,16 +36,19 @@ CRUCIBLE = str(Path(sys.executable).parent / "crucible")
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
+    last: object = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server exited {proc.returncode}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            r = httpx.get(f"{url}/readyz", timeout=2)
+            if r.status_code == 200:
                 return
-        except httpx.TransportError:
-            pass
+            last = f"/readyz answered {r.status_code}"
+        except httpx.TransportError as e:  # not listening yet
+            last = e
         time.sleep(0.05)
-    raise SystemExit("server never became ready")
+    raise SystemExit(f"server never became ready (last: {last})")
 
 
 def main() -> None:

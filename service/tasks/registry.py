@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -35,6 +36,8 @@ TEMPLATE_NAME_MAX = 63  # service.templates.Template.name: ^[a-z0-9][a-z0-9_.-]{
 
 _TEMPLATE_BAD = re.compile(r"[^a-z0-9_.-]+")
 _REPO_BAD = re.compile(r"[^a-z0-9]+")
+
+log = logging.getLogger(__name__)
 
 
 def image_repository(task: Task, *, prefix: str = DEFAULT_IMAGE_PREFIX) -> str:
@@ -101,8 +104,10 @@ def _signature(root: Path) -> tuple[tuple[str, int], ...]:
                         out.append(
                             (f"{suite.name}/{task.name}/{entry.name}", entry.stat().st_mtime_ns)
                         )
-    except OSError:
-        pass
+    except OSError as e:
+        # A folder that vanished or cannot be read mid-walk: the partial fingerprint differs
+        # from the last one, so the rescan it triggers meets (and reports) the real error.
+        log.warning("task folders changed while they were read: %s", e)
     return tuple(out)
 
 

@@ -58,16 +58,19 @@ def _free_port() -> int:
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
+    last: object = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            r = httpx.get(url, timeout=2)
+            if r.status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
+            last = f"answered {r.status_code}"
+        except httpx.HTTPError as e:  # not listening yet
+            last = e
         time.sleep(0.3)
-    raise AssertionError(f"{url} not up within {timeout_s} s")
+    raise AssertionError(f"{url} not up within {timeout_s} s (last: {last!r})")
 
 
 def _stub_app() -> FastAPI:

@@ -54,7 +54,7 @@ class Server:
 
     def start(self, timeout_s: float = 60.0) -> float:
         """Start and wait until it answers; returns seconds to ready."""
-        t0 = time.monotonic()
+        t0, last = time.monotonic(), None
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
                 [CRUCIBLE, "serve", "--port", str(self.port), "--log-level", "warning"],
@@ -69,10 +69,10 @@ class Server:
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return time.monotonic() - t0
-            except httpx.TransportError:
-                pass
+            except httpx.TransportError as e:  # not listening yet
+                last = e
             time.sleep(0.1)
-        raise AssertionError("server did not become ready")
+        raise AssertionError(f"server did not become ready (last: {last!r}): {self.log}")
 
     def kill9(self) -> None:
         """``kill -9`` and reap."""
