@@ -243,11 +243,16 @@ def cancel_job(job_id: str) -> Call:
     return Call("POST", f"/v1/jobs/{job_id}/cancel", idempotent=True, model=JobOut)
 
 
-def claim(job_id: str, *, worker: str, lease_s: float = 60) -> Call:
+def claim(
+    job_id: str, *, worker: str, lease_s: float = 60, policy_version: int | None = None
+) -> Call:
+    body: dict[str, Any] = {"worker": worker, "lease_s": lease_s}
+    if policy_version is not None:  # the version of the weights that samples the claim
+        body["policy_version"] = policy_version
     return Call(
         "POST",
         f"/v1/jobs/{job_id}/claim",
-        json={"worker": worker, "lease_s": lease_s},
+        json=body,
         keyed=True,
         model=WorkItemOut,
         empty_ok=True,

@@ -433,9 +433,25 @@ class Client(_Base):
         """Cancel a job's queued items."""
         return self.run(calls.cancel_job(job_id))
 
-    def claim(self, job_id: str, *, worker: str, lease_s: float = 60) -> WorkItemOut | None:
-        """Claim the job's next work item for ``lease_s`` seconds; None when none is free."""
-        return self.run(calls.claim(job_id, worker=worker, lease_s=lease_s))
+    def claim(
+        self,
+        job_id: str,
+        *,
+        worker: str,
+        lease_s: float = 60,
+        policy_version: int | None = None,
+    ) -> WorkItemOut | None:
+        """Claim the job's next work item for ``lease_s`` seconds; None when none is free.
+
+        ``policy_version``: the version of the weights that will sample the item (a job
+        with ``max_staleness`` refuses or flags claims too far behind its newest).
+
+        Raises:
+            ConflictError: the job is cancelled or finished, or refuses a stale version.
+        """
+        return self.run(
+            calls.claim(job_id, worker=worker, lease_s=lease_s, policy_version=policy_version)
+        )
 
     def heartbeat_item(self, item_id: str, *, worker: str, lease_s: float = 60) -> WorkItemOut:
         """Extend a claim by ``lease_s`` seconds."""
@@ -857,9 +873,25 @@ class AsyncClient(_Base):
         """Cancel a job's queued items."""
         return await self.run(calls.cancel_job(job_id))
 
-    async def claim(self, job_id: str, *, worker: str, lease_s: float = 60) -> WorkItemOut | None:
-        """Claim the job's next work item for ``lease_s`` seconds; None when none is free."""
-        return await self.run(calls.claim(job_id, worker=worker, lease_s=lease_s))
+    async def claim(
+        self,
+        job_id: str,
+        *,
+        worker: str,
+        lease_s: float = 60,
+        policy_version: int | None = None,
+    ) -> WorkItemOut | None:
+        """Claim the job's next work item for ``lease_s`` seconds; None when none is free.
+
+        ``policy_version``: the version of the weights that will sample the item (a job
+        with ``max_staleness`` refuses or flags claims too far behind its newest).
+
+        Raises:
+            ConflictError: the job is cancelled or finished, or refuses a stale version.
+        """
+        return await self.run(
+            calls.claim(job_id, worker=worker, lease_s=lease_s, policy_version=policy_version)
+        )
 
     async def heartbeat_item(
         self, item_id: str, *, worker: str, lease_s: float = 60

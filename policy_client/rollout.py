@@ -35,6 +35,10 @@ worker was lost, timed out or restarted) resumes those samples: each goes on in 
 forked from its checkpoint, at the checkpoint's turn, with the stored trajectory; the
 record's ``resumed_from`` names the checkpoint.
 
+Bounded staleness: every claim carries ``RolloutConfig.policy_version`` (the trainer sets it
+after each weight update); a job with ``max_staleness`` refuses such a claim (``run_job``
+raises the server's ``ConflictError``) or flags its samples.
+
 A group whose samples all took the same actions while the policy samples at a temperature
 above 0 is suspicious (a seed repeated per request, a server ignoring the temperature): the
 runner logs a warning and keeps it in ``warnings``.
@@ -105,6 +109,9 @@ class RolloutConfig:
     claim_lease_s: float = 60.0  # the claim lapses this long after the worker's last beat
     traffic: Traffic = "batch"  # PolicyRequest.traffic of every request
     checkpoint_every: int = 0  # turns between episode checkpoints (0: none, no resume)
+    # The version of the weights sampling now (a trainer sets it after each update); every
+    # claim carries it, so a job's max_staleness refuses or flags claims from older ones.
+    policy_version: int | None = None
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
 
 
@@ -201,7 +208,10 @@ class RolloutRunner:
     async def _worker(self, job_id: str) -> None:
         while True:
             item = await self.client.claim(
-                job_id, worker=self.config.worker, lease_s=self.config.claim_lease_s
+                job_id,
+                worker=self.config.worker,
+                lease_s=self.config.claim_lease_s,
+                policy_version=self.config.policy_version,
             )
             if item is None:
                 job = await self.client.get_job(job_id)
