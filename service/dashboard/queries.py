@@ -256,32 +256,6 @@ def episodes_page(
 
 
 @dataclass(frozen=True)
-class RewardPoint:
-    """One record as the reward plots need it (``reward`` None unless verified ok)."""
-
-    domain: str
-    task_id: str
-    group_id: str
-    created_at: datetime
-    reward: float | None
-    status: str
-
-
-def reward_points(
-    db: Database, *, tenant: str | None, domain: str | None, limit: int = 10_000
-) -> list[RewardPoint]:
-    """The newest ``limit`` records' plot columns, oldest first."""
-    R = RewardRecordRow
-    stmt = select(R.domain, R.task_id, R.group_id, R.created_at, R.reward, R.status)
-    stmt = _scoped(stmt, R.tenant_id, tenant)
-    if domain:
-        stmt = stmt.where(R.domain == domain)
-    with db.read() as s:
-        rows = s.execute(stmt.order_by(R.created_at.desc()).limit(limit)).all()
-    return [RewardPoint(*r) for r in reversed(rows)]
-
-
-@dataclass(frozen=True)
 class JobRow:
     """A job with its work items counted by state and its records by verifier status."""
 

@@ -22,7 +22,7 @@ from service.api.audit import MAX_SEQ, _iso
 from service.api.deps import Ctx
 from service.api.templates_pools import _pools
 from service.context import ServiceContext
-from service.dashboard import charts, queries, stats
+from service.dashboard import charts, queries, reward_queries, stats
 from service.dashboard.auth import (
     CurrentViewer,
     PageNotFound,
@@ -34,6 +34,7 @@ from service.dashboard.auth import (
     signer,
 )
 from service.dashboard.catalog import catalog
+from service.dashboard.monitor import MonitorCache, MonitorView
 from service.dashboard.render import SECURITY_HEADERS, page
 from service.dashboard.session import LOGIN_COOKIE, LOGIN_TTL_S, SESSION_COOKIE
 from service.db.models import Sandbox, utcnow
@@ -172,7 +173,16 @@ class PoolRow:
     failed: int
 
 
-def _overview(ctx: ServiceContext, viewer: Viewer) -> dict[str, Any]:
+def _monitor(request: Request, ctx: ServiceContext, viewer: Viewer) -> MonitorView:
+    """The anomaly monitor's checks and outcome rates of the viewer's scope, computed at most
+    once per refresh interval (``monitor.MonitorCache``, one per app)."""
+    state = request.app.state
+    if getattr(state, "dashboard_monitor", None) is None:
+        state.dashboard_monitor = MonitorCache(ctx.settings.dashboard_refresh_s)
+    return state.dashboard_monitor.get(ctx.db, viewer.scope)
+
+
+def _overview(request: Request, ctx: ServiceContext, viewer: Viewer) -> dict[str, Any]:
     """Everything the live panel shows (one read of each source)."""
     failed = queries.failed_by_template(
         ctx.db, deployment=ctx.settings.deployment, tenant=viewer.scope
@@ -181,12 +191,9 @@ def _overview(ctx: ServiceContext, viewer: Viewer) -> dict[str, Any]:
         PoolRow(p.template, p.target, p.warm, p.starting, p.leased, failed.get(p.template, 0))
         for p in _pools(ctx, viewer.principal).values()
     ]
-    flags = [a for a in anomaly.compute_anomalies(ctx.db, tenant_id=viewer.scope) if a.flagged]
-    rates = [
-        r
-        for r in anomaly.outcome_rates(ctx.db, tenant_id=viewer.scope)
-        if r.dodge_rate > 0 or r.error_rate > 0
-    ]
+    monitor = _monitor(request, ctx, viewer)
+    flags = [a for a in monitor.anomalies if a.flagged]
+    rates = [r for r in monitor.rates if r.dodge_rate > 0 or r.error_rate > 0]
     return {
         "pools": pools,
         "live": queries.live_sandboxes(ctx.db, tenant=viewer.scope),
@@ -202,13 +209,15 @@ def _overview(ctx: ServiceContext, viewer: Viewer) -> dict[str, Any]:
 @router.get("", response_class=HTMLResponse)
 def overview(request: Request, ctx: Ctx, viewer: CurrentViewer) -> Response:
     """Pools, live sandboxes, quota use, recent errors and anomaly flags (live refresh)."""
-    return page(request, "overview.html", viewer=viewer, nav="overview", **_overview(ctx, viewer))
+    return page(
+        request, "overview.html", viewer=viewer, nav="overview", **_overview(request, ctx, viewer)
+    )
 
 
 @router.get("/live/overview", response_class=HTMLResponse)
 def overview_live(request: Request, ctx: Ctx, viewer: CurrentViewer) -> Response:
     """The overview's live panel alone (what the page's script polls)."""
-    return page(request, "_overview_live.html", viewer=viewer, **_overview(ctx, viewer))
+    return page(request, "_overview_live.html", viewer=viewer, **_overview(request, ctx, viewer))
 
 
 # --------------------------------------------------------------------------- sandboxes
@@ -396,29 +405,36 @@ def rewards_page(
 ) -> Response:
     """Pass rate per domain and task over time, reward histograms, group variance, verifier
     status, dodge rates and the anomaly monitor's checks (newest 10,000 records)."""
-    points = queries.reward_points(ctx.db, tenant=viewer.scope, domain=domain or None)
-    by_domain = stats.pass_rate_series(points, by="domain")
-    by_task = stats.pass_rate_series(points, by="task_id")
+    agg = reward_queries.aggregates(
+        ctx.db,
+        tenant=viewer.scope,
+        domain=domain or None,
+        bucket_width=stats.bucket_width_s,
+        threshold=anomaly.DEFAULT_PASS_THRESHOLD,
+    )
+    by_domain = stats.pass_rate_series(agg.cells, by="domain")
+    by_task = stats.pass_rate_series(agg.cells, by="task_id")
     busiest = sorted(by_task, key=lambda k: -sum(b.n for b in by_task[k]))[: charts.PALETTE]
-    rates = {r.task_id: r for r in anomaly.outcome_rates(ctx.db, tenant_id=viewer.scope)}
-    checks = anomaly.compute_anomalies(ctx.db, tenant_id=viewer.scope)
+    monitor = _monitor(request, ctx, viewer)
+    rates = {r.task_id: r for r in monitor.rates}
     return page(
         request,
         "rewards.html",
         viewer=viewer,
         nav="rewards",
-        n=len(points),
+        n=agg.n,
+        limit=reward_queries.LIMIT,
         domain=domain or "",
-        domains=sorted({p.domain for p in points} | ({domain} if domain else set())),
+        domains=sorted({st.domain for st in agg.statuses} | ({domain} if domain else set())),
         domain_chart=charts.line_chart(by_domain, title="pass rate per domain"),
         task_chart=charts.line_chart(
             {k: by_task[k] for k in sorted(busiest)}, title="pass rate per task (busiest)"
         ),
-        bucket_s=stats.bucket_width_s(points),
-        hists={d: charts.histogram(h, title=d) for d, h in stats.histograms(points).items()},
-        tasks=stats.task_summaries(points),
+        bucket_s=agg.bucket_s,
+        hists={d: charts.histogram(h, title=d) for d, h in stats.histograms(agg.values).items()},
+        tasks=stats.task_summaries(agg.statuses, agg.values),
         rates=rates,
-        checks=sorted(checks, key=lambda a: (not a.flagged, a.scope, a.key))[:100],
+        checks=sorted(monitor.anomalies, key=lambda a: (not a.flagged, a.scope, a.key))[:100],
         bar=charts.stacked_bar,
     )
 

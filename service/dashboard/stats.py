@@ -1,4 +1,4 @@
-"""Reward statistics for the rewards page, computed from ``queries.RewardPoint`` rows.
+"""Reward statistics for the rewards page, from the SQL counts of ``reward_queries``.
 
 - Pass rate over time: records are put in equal time buckets (the smallest width in
   ``BUCKET_WIDTHS_S`` giving at most ``MAX_BUCKETS`` buckets over the span); a bucket's
@@ -6,18 +6,24 @@
   ``reward >= threshold`` (``anomaly.DEFAULT_PASS_THRESHOLD``, as the anomaly monitor).
 - Reward distribution: a histogram of verified rewards per domain, ``HIST_BINS`` equal bins
   over ``[min(0, lo), max(1, hi)]``.
-- Group variance: per task, the mean within-group sample std of verified rewards
-  (``rewards.group_moments``) and the share of groups with zero spread (a GRPO group whose
-  members all scored the same gives every member advantage 0: no learning signal).
+- Group variance: per task, the mean (``math.fsum``) within-group sample std of verified
+  rewards (``rewards.group_moments``) and the share of groups with zero spread (a GRPO group
+  whose members all scored the same gives every member advantage 0: no learning signal).
+
+Every figure is the one a pass over the records themselves gives: the counts are exact, and
+a group's rewards are rebuilt from (reward, count) pairs before ``group_moments`` (whose
+``fsum`` does not depend on order).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 
 from service.anomaly import DEFAULT_PASS_THRESHOLD
-from service.dashboard.queries import RewardPoint
+from service.dashboard.reward_queries import Cell, StatusCount, ValueCount
 from service.rewards import group_moments
 
 MAX_BUCKETS = 30
@@ -34,29 +40,24 @@ class Bucket:
     rate: float
 
 
-def bucket_width_s(points: list[RewardPoint]) -> int:
-    """The bucket width (s) for these points (module docstring)."""
-    if not points:
+def bucket_width_s(oldest: datetime | None, newest: datetime | None) -> int:
+    """The bucket width (s) for records from ``oldest`` to ``newest`` (module docstring)."""
+    if oldest is None or newest is None:
         return BUCKET_WIDTHS_S[0]
-    span = points[-1].created_at.timestamp() - points[0].created_at.timestamp()
+    span = newest.timestamp() - oldest.timestamp()
     return next((w for w in BUCKET_WIDTHS_S if span / w < MAX_BUCKETS), BUCKET_WIDTHS_S[-1])
 
 
-def pass_rate_series(
-    points: list[RewardPoint], *, by: str, threshold: float = DEFAULT_PASS_THRESHOLD
-) -> dict[str, list[Bucket]]:
-    """Pass rate per bucket for each key of ``by`` (``"domain"`` or ``"task_id"``)."""
-    width = bucket_width_s(points)
+def pass_rate_series(cells: list[Cell], *, by: str) -> dict[str, list[Bucket]]:
+    """Pass rate per bucket for each key of ``by`` (``"domain"`` or ``"task_id"``), keys
+    sorted, buckets oldest first."""
     acc: dict[str, dict[float, list[int]]] = defaultdict(dict)
-    for p in points:
-        if p.status != "ok" or p.reward is None:
-            continue
-        start = p.created_at.timestamp() // width * width
-        cell = acc[getattr(p, by)].setdefault(start, [0, 0])
-        cell[0] += 1
-        cell[1] += p.reward >= threshold
+    for c in cells:
+        cell = acc[getattr(c, by)].setdefault(c.start_s, [0, 0])
+        cell[0] += c.verified
+        cell[1] += c.passed
     return {
-        key: [Bucket(t, n, x / n) for t, (n, x) in sorted(cells.items())]
+        key: [Bucket(t, n, x / n) for t, (n, x) in sorted(cells.items()) if n]
         for key, cells in sorted(acc.items())
     }
 
@@ -70,18 +71,17 @@ class Histogram:
     counts: list[int]
 
 
-def histograms(points: list[RewardPoint]) -> dict[str, Histogram]:
+def histograms(values: list[ValueCount]) -> dict[str, Histogram]:
     """The reward histogram of each domain (module docstring)."""
-    per: dict[str, list[float]] = defaultdict(list)
-    for p in points:
-        if p.status == "ok" and p.reward is not None:
-            per[p.domain].append(p.reward)
+    per: dict[str, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    for v in values:
+        per[v.domain][v.reward] += v.count
     out = {}
-    for domain, values in sorted(per.items()):
-        lo, hi = min(0.0, min(values)), max(1.0, max(values))
+    for domain, counted in sorted(per.items()):
+        lo, hi = min(0.0, min(counted)), max(1.0, max(counted))
         counts = [0] * HIST_BINS
-        for v in values:
-            counts[min(HIST_BINS - 1, int((v - lo) / (hi - lo) * HIST_BINS))] += 1
+        for v, k in counted.items():
+            counts[min(HIST_BINS - 1, int((v - lo) / (hi - lo) * HIST_BINS))] += k
         out[domain] = Histogram(lo, hi, counts)
     return out
 
@@ -101,31 +101,36 @@ class TaskSummary:
 
 
 def task_summaries(
-    points: list[RewardPoint], *, threshold: float = DEFAULT_PASS_THRESHOLD
+    statuses: list[StatusCount],
+    values: list[ValueCount],
+    *,
+    threshold: float = DEFAULT_PASS_THRESHOLD,
 ) -> list[TaskSummary]:
-    """Per task, sorted by task id (module docstring)."""
-    statuses: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    """Per task, sorted by task id; a task's domain is that of its newest record."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    newest: dict[str, StatusCount] = {}
+    for st in statuses:
+        counts[st.task_id][st.status] += st.count
+        seen = newest.get(st.task_id)
+        if seen is None or (st.newest, st.domain) > (seen.newest, seen.domain):
+            newest[st.task_id] = st
     groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    domain: dict[str, str] = {}
-    for p in points:
-        statuses[p.task_id][p.status] += 1
-        domain[p.task_id] = p.domain
-        if p.status == "ok" and p.reward is not None:
-            groups[p.task_id][p.group_id].append(p.reward)
+    for v in values:
+        groups[v.task_id][v.group_id] += [v.reward] * v.count
     out = []
-    for task in sorted(statuses):
+    for task in sorted(counts):
         verified = [r for g in groups[task].values() for r in g]
         stds = [group_moments(g)[1] for g in groups[task].values() if len(g) >= 2]
         out.append(
             TaskSummary(
                 task_id=task,
-                domain=domain[task],
-                statuses=dict(statuses[task]),
+                domain=newest[task].domain,
+                statuses=dict(counts[task]),
                 pass_rate=sum(r >= threshold for r in verified) / len(verified)
                 if verified
                 else None,
                 groups=len(stds),
-                mean_group_std=sum(stds) / len(stds) if stds else None,
+                mean_group_std=math.fsum(stds) / len(stds) if stds else None,
                 flat_group_share=sum(s == 0.0 for s in stds) / len(stds) if stds else None,
             )
         )
