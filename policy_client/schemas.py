@@ -134,6 +134,9 @@ class TemplateOut(_Out):
     workdir: str
     files_root: str
     user: str
+    uid: int
+    gid: int
+    allow_root: bool
 
 
 # --------------------------------------------------------------------------- tasks, episodes

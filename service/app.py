@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import dashboard, idempotency, recovery, tenants
+from service import dashboard, idempotency, logs, recovery, tenants, tracing
 from service.api import (
     audit,
     builds,
@@ -33,6 +33,7 @@ from service.context import ServiceContext
 from service.idempotency import IdempotencyMiddleware
 from service.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from service.sandboxes import expire_snapshots
+from service.scheduler import demand
 from service.serverlock import ServerLock
 
 log = logging.getLogger("crucible")
@@ -90,8 +91,10 @@ def bootstrap(ctx: ServiceContext) -> None:
     counts = ctx.pools.reconcile()
     recovered = recovery.recover_on_start(ctx)
     ctx.pools.add_maintenance(lambda: recovery.reclaim(ctx))
+    ctx.pools.add_maintenance(recovery.DeadReplicaWork(ctx))  # replicas: what a dead one left
     ctx.pools.add_maintenance(lambda: expire_snapshots(ctx))
     ctx.pools.add_maintenance(lambda: idempotency.prune(ctx.db))
+    ctx.pools.add_maintenance(demand.Feed(ctx))  # warm pools ahead of what is queued
     log.info("reconciled deployment %s: %s; recovered %s", s_.deployment, counts, recovered)
 
 
@@ -160,3 +163,5 @@ def create_app(
     app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)
     app.add_middleware(MetricsMiddleware)
     return app
+    app.add_middleware(tracing.TracingMiddleware)  # a pass-through unless tracing is on
+    app.add_middleware(logs.RequestIdMiddleware)  # outermost: every answer carries its id

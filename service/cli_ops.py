@@ -82,10 +82,13 @@ def serve(
     """Run the control plane (uvicorn) on the configured database and Docker engine."""
     import uvicorn
 
+    from service import logs, tracing
     from service.app import create_app
 
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    logs.configure(settings.log_format, level=log_level)
+    tracing.configure_from_env()
     err_console.print(
         f"crucible: serving on http://{host or settings.host}:{port or settings.port} "
         f"(database {settings.sqlalchemy_url.split('@')[-1]}, deployment {settings.deployment})"
@@ -95,6 +98,8 @@ def serve(
         host=host or settings.host,
         port=port or settings.port,
         log_level=log_level,
+        log_config=None,  # logs.configure set the handlers (human or JSON lines)
+        access_log=False,  # logs.RequestIdMiddleware writes the access line, with its id
     )
 
 

@@ -19,11 +19,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service import audit, rewards, sandboxes, scheduler
+from service import audit, rewards, sandboxes, scheduler, tracing
 from service.context import ServiceContext
 from service.db.models import Episode, RewardRecordRow, Sandbox, WorkItem, utcnow
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
+from service.metrics import observe_verification
 from service.pool import spec_for
 from service.tasks import builds, verifier_network
 from service.tasks.models import Task
@@ -264,7 +265,8 @@ def run_verifier(
         fresh_sandbox=lambda: _fresh_sandbox(ctx, ep, template),
         dispose=ctx.pools.destroy_container_async,
     )
-    return verifier(task, end), snapshot_id
+    with tracing.span(f"verifier.{task.verifier}", domain=task.domain):
+        return verifier(task, end), snapshot_id
 
 
 def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:
@@ -295,6 +297,7 @@ def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:
     return cid
 
 
+@tracing.traced("episode.verify")
 def verify(
     ctx: ServiceContext, principal: Principal, episode_id: str, *, trajectory: dict[str, Any]
 ) -> rewards.RewardRecord:
@@ -352,6 +355,8 @@ def verify(
             details={"reason": f"the episode's sandbox is gone: {e.detail}"},
         )
     verify_ms = (time.perf_counter() - t0) * 1e3
+    observe_verification(task.domain, result, duration_s=verify_ms / 1e3)
+    tracing.set_attributes(domain=task.domain, verifier=task.verifier, status=result.status)
     try:
         record = build_record(
             ep, result, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id

@@ -24,13 +24,19 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
 
-from service import audit, coordination, tenants
+from service import audit, coordination, tenants, tracing
 from service.config import Settings
 from service.coordination import LABEL_REPLICA, Coordinator, InProcessCoordinator
 from service.db.engine import Database
 from service.db.models import Pool, Sandbox, utcnow
 from service.errors import CrucibleError, NotFound
 from service.ids import new_id
+from service.metrics import (
+    COLD_START_LATENCY,
+    POOL_CREATED,
+    POOL_DESTROYED_UNLEASED,
+    REFILL_LOCK_HELD,
+)
 from service.runtime.base import SandboxRuntime, SandboxSpec
 from service.templates import Template, TemplateRegistry
 
@@ -63,7 +69,7 @@ def spec_for(
         nofile=template.nofile,
         network=template.network,
         workdir=template.workdir,
-        user=template.user,
+        user=template.exec_user,
         env=template.env,
         cap_add=template.cap_add,
         disk_bytes=template.disk_mb << 20,
@@ -159,6 +165,27 @@ class PoolManager:
         sandboxes are trimmed."""
         self.coord.drop_demand((owner, template))
         self._wake.set()
+
+    def set_demands(self, wanted: dict[str, dict[str, int]]) -> None:
+        """Make the tenants' warm demand exactly ``wanted`` (tenant id -> template -> warm
+        sandboxes; ``scheduler.demand.Feed`` computes it from what is queued): demands of
+        tenants or templates not in it are dropped, lowered ones replaced, raised ones put
+        (on every replica, through the coordinator). Demands without an owner are left."""
+        changed = False
+        with self._lock:
+            have = {k: n for k, n in self.coord.demands().items() if k[0] is not None}
+            for key, n in have.items():
+                want = wanted.get(key[0], {}).get(key[1], 0)  # type: ignore[arg-type]
+                if want < n:  # the seam keeps the larger of old and new: drop, then put
+                    self.coord.drop_demand(key)
+                    have[key], changed = 0, True
+            for owner, per in wanted.items():
+                for template, n in per.items():
+                    if n > 0 and have.get((owner, template), 0) != n:
+                        self.coord.put_demand((owner, template), n)
+                        changed = True
+        if changed:
+            self._wake.set()
 
     def levels(self) -> dict[str, dict[str, int]]:
         """Per template: target, warm, starting (not yet leased) and leased counts."""
@@ -293,15 +320,18 @@ class PoolManager:
     def _image_present(self, image: str) -> bool:
         """Whether ``image`` exists (re-checked every 60 s); a missing one is warned about
         once and its pool is not refilled (``crucible images build`` makes it)."""
+    @tracing.traced("sandbox.start")
         now = time.monotonic()
         with self._lock:
             known = self._images_seen.get(image)
         if known is not None and now - known[1] < 60:
             return known[0]
         try:
+        t0 = time.perf_counter()
             self.runtime.image_digest(image)
             present = True
         except CrucibleError:
+        COLD_START_LATENCY.observe(time.perf_counter() - t0)
             present = False
             if known is None or known[0]:
                 log.warning("image %s is missing; its warm pool stays empty", image)
@@ -333,7 +363,7 @@ class PoolManager:
                     .values(state="warm")
                     .execution_options(synchronize_session=False)
                 ).rowcount
-            if not ok:  # removed meanwhile (shutdown, reconcile)
+            if not ok:  # removed meanwhile (shutdown, reconcile: counted there)
                 self._destroy_row(sid)
         except Exception as e:  # noqa: BLE001 - a failed refill must not kill the loop
             log.warning("warm start of %s failed: %s", template.name, e)
@@ -349,26 +379,34 @@ class PoolManager:
             with self._lock:
                 inflight = self._inflight.get(name, 0)
             deficit = lv["target"] - lv["warm"] - max(lv["starting"], inflight)
-            if deficit <= 0 or not self.coord.hold_refill(name):
+            if deficit <= 0 or not self._hold_refill(name):
                 continue
             try:
                 template = self.templates.get(name)
             except NotFound:
                 log.debug("no template %s any more: its pool is not refilled", name)
                 continue
+            else:
+                POOL_CREATED.labels(template.name).inc()
             if not self._image_present(template.image):
                 continue
+            POOL_DESTROYED_UNLEASED.labels(template.name, "failed").inc()
             for _ in range(deficit):
                 with self._lock:
                     self._inflight[name] = self._inflight.get(name, 0) + 1
                 self._executor.submit(self._refill_one, template)
+
+    def _hold_refill(self, template: str) -> bool:
+        held = self.coord.hold_refill(template)
+        REFILL_LOCK_HELD.labels(template).set(1 if held else 0)
+        return held
 
     def trim(self) -> None:
         """Destroy warm sandboxes in excess of each template's target (only for templates
         whose refill lock this replica holds)."""
         for name, lv in self.levels().items():
             excess = lv["warm"] - lv["target"]
-            if excess <= 0 or not self.coord.hold_refill(name):
+            if excess <= 0 or not self._hold_refill(name):
                 continue
             with self.db.session() as s:
                 ids = (
@@ -413,6 +451,7 @@ class PoolManager:
                 tenant_id=row.tenant_id,
                 sandbox_id=sandbox_id,
                 details={"reason": reason[:500]},
+            POOL_DESTROYED_UNLEASED.labels(name, "trim").inc(len(ids))
             )
         self.destroy_async(sandbox_id)
 
@@ -548,6 +587,8 @@ class PoolManager:
                     self.mark_failed(sid, f"could not thaw after a restart: {e}")
                     counts["failed"] += 1
                     continue
+                if row is None or row.tenant_id is None:
+                    POOL_DESTROYED_UNLEASED.labels(c.template or "", "reconcile").inc()
             if row.state == "snapshotting":
                 with self.db.session() as s:
                     s.execute(
@@ -632,6 +673,7 @@ class PoolManager:
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
             self.background(self.runtime.prune_snapshots, deployment=self.deployment)
+                POOL_DESTROYED_UNLEASED.labels(c.template or "", "reclaim").inc()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -663,17 +705,16 @@ class PoolManager:
         live = self._live_replicas()
         if drain_warm and live is not None and live <= {self.replica_id}:
             with self.db.session() as s:
-                ids = (
-                    s.execute(
-                        select(Sandbox.id).where(
-                            Sandbox.deployment == self.deployment,
-                            Sandbox.state.in_(("warm", "starting")),
-                            Sandbox.tenant_id.is_(None),
-                        )
+                drained = s.execute(
+                    select(Sandbox.id, Sandbox.template).where(
+                        Sandbox.deployment == self.deployment,
+                        Sandbox.state.in_(("warm", "starting")),
+                        Sandbox.tenant_id.is_(None),
                     )
-                    .scalars()
-                    .all()
-                )
+                ).all()
+                ids = [sid for sid, _ in drained]
+                for _, name in drained:
+                    POOL_DESTROYED_UNLEASED.labels(name, "drain").inc()
                 s.execute(
                     update(Sandbox)
                     .where(Sandbox.id.in_(ids))

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service import audit, tenants
+from service import audit, tenants, tracing
 from service.context import ServiceContext
 from service.db.models import Sandbox, Snapshot, utcnow
 from service.errors import (
@@ -29,7 +29,7 @@ from service.errors import (
     SandboxError,
 )
 from service.ids import new_id
-from service.metrics import LEASES, QUOTA_REFUSALS
+from service.metrics import LEASE_LATENCY, LEASES, QUOTA_REFUSALS
 from service.pool import lease_expiry
 from service.runtime.base import ExecChunk, ExecRequest, ExecResult, ExecStream
 from service.tenants import Principal, Resources
@@ -99,6 +99,7 @@ def list_sandboxes(
         return list(s.execute(q.order_by(Sandbox.created_at.desc()).limit(500)).scalars())
 
 
+@tracing.traced("sandbox.lease")
 def lease(
     ctx: ServiceContext,
     principal: Principal,
@@ -121,6 +122,7 @@ def lease(
         NotFound: unknown template. QuotaExceeded: over quota (audited).
         SandboxError: a cold start failed (quota given back).
     """
+    t0 = time.perf_counter()
     base = ctx.templates.get(template)
     tpl = base.model_copy(
         update={k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
@@ -175,8 +177,13 @@ def lease(
     if warm is not None:
         if (tpl.cpus, tpl.memory_mb) != (base.cpus, base.memory_mb):
             _apply_limits(ctx, principal, warm, tpl)
+        LEASE_LATENCY.labels("warm").observe(time.perf_counter() - t0)
+        tracing.set_attributes(template=template, source="warm", sandbox_id=warm.id)
         return warm
-    return _finish_cold_start(ctx, principal, sid, tpl, ttl=ttl, image=None, action="sandbox.lease")
+    row = _finish_cold_start(ctx, principal, sid, tpl, ttl=ttl, image=None, action="sandbox.lease")
+    LEASE_LATENCY.labels("cold").observe(time.perf_counter() - t0)
+    tracing.set_attributes(template=template, source="cold", sandbox_id=sid)
+    return row
 
 
 def _apply_limits(ctx: ServiceContext, principal: Principal, row: Sandbox, tpl: Any) -> None:
@@ -397,6 +404,7 @@ def runtime_failure(
     return e
 
 
+@tracing.traced("sandbox.exec")
 def exec_command(
     ctx: ServiceContext, principal: Principal, sandbox_id: str, req: ExecRequest
 ) -> ExecResult:
@@ -408,6 +416,7 @@ def exec_command(
         _audit_exec(ctx, principal, row, req, None, error=e.detail)
         raise runtime_failure(ctx, principal, sandbox_id, e) from e
     _audit_exec(ctx, principal, row, req, res)
+    tracing.set_attributes(sandbox_id=sandbox_id, exit_code=res.exit_code)
     return res
 
 

@@ -87,6 +87,13 @@ class ExecIn(_Model):
     stdin_b64: str | None = None
     max_output_bytes: int | None = Field(None, ge=0)
     output_b64: bool = Field(False, description="Also return raw stdout/stderr as base64.")
+    user: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Run as this user (name, uid or uid:gid); default the template's user. "
+        "Another user than the template's is 403 unless the template allows root.",
+    )
 
 
 class ExecOut(_Model):
@@ -178,6 +185,9 @@ class TemplateOut(_Model):
     workdir: str
     files_root: str
     user: str
+    uid: int
+    gid: int
+    allow_root: bool
 
 
 class PoolOut(_Model):
@@ -230,6 +240,9 @@ class Problem(BaseModel):
 
 
 class TaskOut(_Model):
+    request_id: str | None = Field(
+        None, description="The request's id (also the X-Request-ID response header)."
+    )
     """A task as workers see it (no tests, no solution)."""
 
     id: str

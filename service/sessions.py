@@ -34,6 +34,7 @@ from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.runtime import keeper
 from service.runtime.base import ExecRequest
+from service.sandbox_user import with_user
 from service.sandboxes import get_live, runtime_failure
 from service.tenants import Principal
 
@@ -99,12 +100,14 @@ def create(
     env: dict[str, bytes] | None = None,
     cwd: str | None = None,
     max_output_bytes: int | None = None,
+    user: str | None = None,
 ) -> Session:
     """Start a shell session in a leased sandbox and wait (5 s at most) for its first prompt.
 
     ``max_output_bytes``: terminal bytes kept in the sandbox (the newest; default the exec
-    default). Raises ``InvalidRequest`` (sizes, cwd, env), ``Conflict`` (no exec channel,
-    sandbox not leased, shell never prompted), ``NotFound``.
+    default). ``user``: see ``service.sandbox_user.with_user`` (default the template's).
+    Raises ``InvalidRequest`` (sizes, cwd, env), ``Conflict`` (no exec channel,
+    sandbox not leased, shell never prompted), ``NotFound``, ``Forbidden`` (``user``).
     """
     if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
         raise InvalidRequest("rows and cols must be 1..1000", field="rows")
@@ -125,6 +128,7 @@ def create(
     if marks and not pty:
         cmd.append("+m")  # no job control without a terminal
     req = ExecRequest(cmd=cmd, cwd=cwd, env=full_env, max_output_bytes=cap)
+    req = with_user(ctx, principal, sandbox_id, req, user)
     row = get_live(ctx, principal, sandbox_id)
     details: dict[str, Any] = {"shell": shell, "pty": pty, "rows": rows, "cols": cols}
     try:

@@ -1,18 +1,29 @@
-"""Templates: named sandbox recipes (image, limits, network, workdir, env).
+"""Templates: named sandbox recipes (image, limits, network, workdir, env, sandbox user).
 
-Built-in templates are defined here; task images register theirs at run time
+Built-in templates are data (``templates.toml``); task images register theirs at run time
 (``TemplateRegistry.register``).
+
+The sandbox user: execs, sessions, kept processes and uploaded files run as / belong to the
+template's ``uid``:``gid``. The runtime is given the numbers, so an image need not have a
+passwd entry for them (the supervisor then keeps ``HOME`` from the template's env, or ``/``).
+A request may name another user (root included) only where ``allow_root`` is set (a root
+template always has it): anything else is a 403 (``request_user``).
 """
 
 from __future__ import annotations
 
 import threading
+import tomllib
 from collections.abc import Callable
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.errors import NotFound
+from service.errors import Forbidden, NotFound
+
+BUILTIN_TEMPLATES = Path(__file__).with_name("templates.toml")
+ROOT_NAMES = frozenset({"root", "0", "0:0", "root:root"})
 
 
 class Template(BaseModel):
@@ -33,41 +44,68 @@ class Template(BaseModel):
     network: Literal["none", "bridge"] = "none"
     workdir: str = "/workspace"
     files_root: str = Field("/", description="The file API may not reach outside this directory.")
-    user: str = "root"
-    uid: int = 0
-    gid: int = 0
+    user: str = Field("root", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    uid: int = Field(0, ge=0, lt=1 << 31)
+    gid: int = Field(0, ge=0, lt=1 << 31)
+    allow_root: bool = Field(
+        False, description="A request may run as another user (root included); always for root."
+    )
     env: dict[str, str] = Field(default_factory=dict)
     cap_add: tuple[str, ...] = ()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _root_allows_root(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("uid", 0) == 0:
+            data = {**data, "allow_root": True}  # root is its own user
+        return data
 
-def builtin_templates(image_prefix: str = "crucible") -> list[Template]:
-    """The templates every deployment has. Images are built by ``crucible images build``."""
+    @model_validator(mode="after")
+    def _user_matches_uid(self) -> Template:
+        if (self.user == "root") != (self.uid == 0):
+            raise ValueError(
+                f"user {self.user!r} with uid {self.uid}: root is uid 0 and uid 0 is root"
+            )
+        return self
+
+    @property
+    def exec_user(self) -> str:
+        """The identity the runtime gives commands: ``root``, or ``"<uid>:<gid>"`` (numbers,
+        so no passwd entry is needed in the image)."""
+        return "root" if self.uid == 0 else f"{self.uid}:{self.gid}"
+
+
+def request_user(template: Template, user: str | None) -> str | None:
+    """The runtime identity for a request's ``user`` field; None means the template's own.
+
+    ``user`` None, the template's name, ``"<uid>"`` or ``"<uid>:<gid>"`` is the template's
+    user. Any other value switches identity (what only root can do), so it needs
+    ``template.allow_root``; it is then passed on as given (a name, ``uid`` or
+    ``uid:gid``, looked up in the sandbox's passwd file by the supervisor).
+
+    Raises ``Forbidden`` (403, field ``user``) when the template does not allow it.
+    """
+    if user is None or user in {template.user, str(template.uid), template.exec_user}:
+        return None
+    if not template.allow_root:
+        raise Forbidden(
+            f"template {template.name!r} runs as {template.user} ({template.exec_user}) and "
+            f"does not allow other users: user {user!r} refused",
+            field="user",
+        )
+    return user
+
+
+def builtin_templates(
+    image_prefix: str = "crucible", *, path: Path = BUILTIN_TEMPLATES
+) -> list[Template]:
+    """The templates every deployment has, read from ``path`` (a TOML table per template;
+    ``{prefix}`` in ``image`` becomes ``image_prefix``). Images are built by ``crucible
+    images build``. Raises ``ValueError`` (pydantic's) for a malformed entry."""
+    data = tomllib.loads(path.read_text())
     return [
-        Template(
-            name="terminal",
-            image=f"{image_prefix}/terminal:latest",
-            description="Debian bookworm with bash, coreutils, python3, pytest, git, procps.",
-            cpus=1.0,
-            memory_mb=1024,
-            pids_limit=256,
-            workdir="/workspace",
-        ),
-        Template(
-            name="document",
-            image=f"{image_prefix}/document:latest",
-            description="PDF and office tooling: poppler-utils, pdfminer.six, pypdf, openpyxl.",
-            cpus=1.0,
-            memory_mb=1024,
-            workdir="/app",
-        ),
-        Template(
-            name="cad",
-            image=f"{image_prefix}/cad:latest",
-            description="Headless Blender (blender -b --python) with python3 and numpy.",
-            cpus=2.0,
-            memory_mb=4096,
-            workdir="/app",
-        ),
+        Template(name=name, **{**fields, "image": fields["image"].format(prefix=image_prefix)})
+        for name, fields in data.items()
     ]
 
 

@@ -8,7 +8,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import anomaly
 from service.api.deps import Ctx
-from service.metrics import POOL_LEVEL, POOL_TARGET, REGISTRY
+from service.metrics import (
+    COORDINATION_UP,
+    POOL_LEVEL,
+    POOL_TARGET,
+    REGISTRY,
+)
 
 router = APIRouter(tags=["health"])
 
@@ -47,8 +52,11 @@ def readyz(ctx: Ctx) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 def metrics(ctx: Ctx) -> Response:
-    """Prometheus text exposition (pool levels and verifier anomalies refreshed per scrape)."""
+    """Prometheus text exposition (pool levels, coordination health and verifier anomalies
+    refreshed per scrape)."""
     anomaly.refresh(ctx.db)
+    health = ctx.pools.coord.health()
+    COORDINATION_UP.labels(str(health["backend"])).set(1 if health["ok"] else 0)
     for template, lv in ctx.pools.levels().items():
         POOL_TARGET.labels(template).set(lv["target"])
         for state in ("warm", "starting", "leased"):

@@ -8,7 +8,7 @@ import threading
 
 from fastapi import APIRouter, Response, status
 
-from service import checkpoints, episodes, scheduler, tenants
+from service import checkpoints, episodes, scheduler
 from service import replay as replay_mod
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
@@ -115,22 +115,17 @@ def item_out(item: WorkItem, job: Job) -> WorkItemOut:
 def _prepare(
     ctx: ServiceContext, job_id: str, tenant_id: str, tasks: list[tuple[str, str]]
 ) -> None:
-    """Build the job's task images and ask for two warm sandboxes per task (background): one
-    for an episode, one for the pristine sandbox its verification takes. The builds are the
-    job's (``builds.on_behalf_of``): cancelling the job stops those no one else wants.
+    """Build the job's task images (background). The builds are the job's
+    (``builds.on_behalf_of``): cancelling the job stops those no one else wants.
 
-    The warm sandboxes a tenant's jobs ask for, over all its jobs and templates, stay
-    within the room its sandbox quota has now (``tenants.sandbox_room``): past it, tasks
-    start cold. A tenant allowed 2 sandboxes makes the service keep at most 2 warm for it.
+    Warm sandboxes are not asked for here: the pool loop's ``scheduler.demand.Feed`` asks
+    for those of the groups expected to start soon, within the tenant's quota.
     """
-    with ctx.db.read() as s:
-        budget = tenants.sandbox_room(s, tenant_id)
     with builds.on_behalf_of(job_id, tenant_id=tenant_id):
         for suite, task_id in tasks:
             try:
                 task = episodes.resolve_task(ctx, task_id, suite)
-                template = episodes.ensure_template(ctx, task)
-                ctx.pools.add_demand(template, 2, owner=tenant_id, budget=budget)
+                episodes.ensure_template(ctx, task)
             except CrucibleError as e:  # BuildCancelled included: the job was cancelled
                 log.warning("preparing %s/%s failed: %s", suite, task_id, e.detail)
 

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import logs
 from service.errors import CrucibleError, QuotaExceeded
 from service.schemas import Problem
 
@@ -64,6 +65,9 @@ def problem_body(
     }
     if field is not None:
         body["field"] = field
+    rid = logs.request_id.get()
+    if rid is not None:
+        body["request_id"] = rid
     return body
 
 

@@ -12,6 +12,7 @@ from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses
 from service.errors import InvalidRequest
 from service.runtime.keeper import KeptStatus
+from service.sandbox_user import with_user
 from service.schemas import _Model
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["processes"])
@@ -25,6 +26,13 @@ class ProcessIn(_Model):
     cwd: str | None = Field(None, min_length=1, max_length=4096)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     max_output_bytes: int | None = Field(None, ge=0)
+    user: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Run as this user (name, uid or uid:gid); default the template's user. "
+        "Another user than the template's is 403 unless the template allows root.",
+    )
 
 
 class ProcessOut(_Model):
@@ -113,6 +121,7 @@ def start(sandbox_id: str, body: ProcessIn, ctx: Ctx, principal: CurrentPrincipa
         stdin=b"",
         max_output_bytes=body.max_output_bytes,
     )
+    req = with_user(ctx, principal, sandbox_id, req, body.user)
     entry, st = processes.start(ctx, principal, sandbox_id, req)
     return process_out(entry, st)
 

@@ -22,6 +22,7 @@ from service.db.models import Sandbox, Snapshot
 from service.errors import InvalidRequest, PayloadTooLarge
 from service.metrics import EXEC_LATENCY, EXECS
 from service.runtime.base import ExecChunk, ExecResult
+from service.sandbox_user import with_user
 from service.schemas import (
     ExecIn,
     ExecOut,
@@ -177,6 +178,7 @@ def exec_(
         stdin=stdin,
         max_output_bytes=body.max_output_bytes,
     )
+    req = with_user(ctx, principal, sandbox_id, req, body.user)
     if not stream:
         res = sandboxes.exec_command(ctx, principal, sandbox_id, req)
         _observe(res)

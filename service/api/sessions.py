@@ -26,6 +26,13 @@ class SessionIn(_Model):
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     cwd: str | None = Field(None, min_length=1, max_length=4096)
     max_output_bytes: int | None = Field(None, ge=1024)
+    user: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Run as this user (name, uid or uid:gid); default the template's user. "
+        "Another user than the template's is 403 unless the template allows root.",
+    )
 
 
 class SessionOut(_Model):
@@ -125,6 +132,7 @@ def create(sandbox_id: str, body: SessionIn, ctx: Ctx, principal: CurrentPrincip
         env={k: v.encode() for k, v in body.env.items()},
         cwd=body.cwd,
         max_output_bytes=body.max_output_bytes,
+        user=body.user,
     )
     return session_out(s)
 

@@ -51,7 +51,7 @@ def templates(ctx: Ctx, principal: CurrentPrincipal) -> list[TemplateOut]:
     """Every template this deployment can lease (for non-admins: no other tenant's tasks)."""
     names, _ = _visible(ctx, principal)
     return [
-        TemplateOut(**t.model_dump(exclude={"uid", "gid", "env", "cap_add"}))
+        TemplateOut(**t.model_dump(exclude={"env", "cap_add"}))
         for t in ctx.templates.all()
         if names is None or t.name in names
     ]

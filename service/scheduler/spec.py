@@ -73,7 +73,8 @@ class Schedule(_Spec):
     ``adaptive`` applies the targets to *useful* groups (non-zero advantage) instead of all
     groups. ``order``: ``sef`` (shortest expected first within a priority level, aged by
     ``aging`` seconds of expected duration per second queued, ``warm_bonus_s`` off for a
-    template with warm sandboxes) or ``fifo``.
+    template with warm sandboxes) or ``fifo``. ``warm_ahead_s``: warm pools are filled for
+    the groups expected to start within this many seconds (``demand``).
     """
 
     mix: list[DomainShare] | None = Field(None, min_length=1, max_length=1000)
@@ -83,6 +84,7 @@ class Schedule(_Spec):
     order: Literal["sef", "fifo"] = "sef"
     aging: float = Field(1.0, ge=0, le=1e6)
     warm_bonus_s: float = Field(5.0, ge=0, le=1e6)
+    warm_ahead_s: float = Field(120.0, ge=0, le=24 * 3600)
     domain_limits: dict[str, DomainLimit] = Field(default_factory=dict, max_length=1000)
     budget: Budget | None = None
     degrade_after: int | None = Field(None, ge=1, le=20)

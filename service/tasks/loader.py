@@ -241,6 +241,10 @@ def _load_harbor(task_dir: Path, *, task_id: str, suite: str, notes: list[str]) 
         build_timeout_s=env.build_timeout_sec,
         context_dir=context_dir,
         docker_image=docker_image,
+        user=env.user,
+        uid=env.uid,
+        gid=env.gid,
+        allow_root=env.allow_root,
     )
     return Task(
         id=task_id,
@@ -265,6 +269,7 @@ def _load_harbor(task_dir: Path, *, task_id: str, suite: str, notes: list[str]) 
         expected_tests=crucible.expected_tests,
         pass_threshold=crucible.pass_threshold,
         degrades_to=crucible.degrades_to,
+        agent_code_in_judge=crucible.agent_code_in_judge,
         metadata=dict(config.metadata),
         notes=tuple(notes),
     )
@@ -395,6 +400,7 @@ def _load_tb1(task_dir: Path, *, task_id: str, suite: str) -> Task:
         expected_tests=crucible.expected_tests,
         pass_threshold=crucible.pass_threshold,
         degrades_to=crucible.degrades_to,
+        agent_code_in_judge=crucible.agent_code_in_judge,
         metadata=metadata,
         notes=tuple(notes),
     )

@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.errors import TaskFormatError
 
+USER_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$"
+
 Domain = Literal["terminal", "document", "cad"]
 TaskFormat = Literal["harbor", "tb1"]
 RewardSource = Literal["reward_file", "exit_code"]
@@ -133,6 +135,11 @@ class HarborEnvironmentSection(_Table):
     allow_internet: bool = True
     workdir: str = DEFAULT_WORKDIR
     env: dict[str, str] = Field(default_factory=dict)
+    # Crucible's: the sandbox user (default root, as Harbor and Terminal-Bench tasks expect).
+    user: str | None = Field(None, pattern=USER_NAME_PATTERN)
+    uid: int | None = Field(None, ge=0, lt=1 << 31)
+    gid: int | None = Field(None, ge=0, lt=1 << 31)
+    allow_root: bool | None = None
 
     @field_validator("workdir")
     @classmethod
@@ -153,6 +160,10 @@ class CrucibleSection(BaseModel):
     ``verifier`` names the verifier (default: the domain's own); ``expected_tests`` is how many
     tests a run must report (fewer, or skips, do not pass); ``pass_threshold`` is the reward at
     or above which an episode counts as passed; ``settings`` is free-form, for the verifier.
+    ``agent_code_in_judge``: what an outcome is worth when agent-written code ran inside the
+    test process that reported it (the task's tests import the agent's code): ``"zero"``
+    (the default: it is the agent's word, scored 0 with the cause) or ``"allow"`` (scored,
+    and the record says ``details.trusted = false``).
     """
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -164,6 +175,7 @@ class CrucibleSection(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     # an easier task of the same suite the scheduler runs instead after K failures in a row
     degrades_to: str | None = Field(None, min_length=1, max_length=200)
+    agent_code_in_judge: Literal["zero", "allow"] = "zero"
 
     @field_validator("verifier")
     @classmethod
@@ -227,7 +239,13 @@ class TB1TaskYaml(BaseModel):
 
 
 class TaskEnvironment(BaseModel):
-    """The sandbox a task runs in: limits, network, workdir, and how its image is made.
+    """The sandbox a task runs in: limits, network, workdir, sandbox user, and how its image
+    is made.
+
+    Sandbox user (``[environment]`` ``user``, ``uid``, ``gid``, ``allow_root``): none given is
+    root; ``uid`` (``gid`` defaults to it) is a non-root user by number, ``user`` alone a name
+    looked up in the built image's ``/etc/passwd`` (``TaskRegistry.template_for``).
+    ``allow_root`` lets requests run as another user (default: only root tasks do).
 
     Exactly one of ``context_dir`` (a folder with a ``Dockerfile``, built on a Crucible sandbox
     image passed as ``ARG BASE_IMAGE``) and ``docker_image`` (a prebuilt image) is set.
@@ -246,11 +264,25 @@ class TaskEnvironment(BaseModel):
     context_dir: Path | None = None
     docker_image: str | None = None
     dockerfile: str = "Dockerfile"
+    user: str | None = Field(None, pattern=USER_NAME_PATTERN)
+    uid: int | None = Field(None, ge=0, lt=1 << 31)
+    gid: int | None = Field(None, ge=0, lt=1 << 31)
+    allow_root: bool | None = None
 
     @model_validator(mode="after")
     def _one_image_source(self) -> TaskEnvironment:
         if (self.context_dir is None) == (self.docker_image is None):
             raise ValueError("exactly one of context_dir and docker_image must be set")
+        return self
+
+    @model_validator(mode="after")
+    def _user_is_consistent(self) -> TaskEnvironment:
+        if self.gid is not None and self.uid is None:
+            raise ValueError("gid needs uid")
+        if self.user == "root" and self.uid not in (None, 0):
+            raise ValueError("user root is uid 0")
+        if self.uid == 0 and self.user not in (None, "root"):
+            raise ValueError("uid 0 is root")
         return self
 
 
@@ -276,7 +308,8 @@ class Task(BaseModel):
     (``[verifier] network = true``). ``pass_threshold``: a reward at or above it counts as
     passed. ``verifier`` and ``verifier_settings`` select and configure the verifier.
     ``degrades_to``: the easier task of the same suite a job runs instead after repeated
-    failures (``[crucible] degrades_to``; see ``service.scheduler``).
+    failures (``[crucible] degrades_to``; see ``service.scheduler``). ``agent_code_in_judge``:
+    ``[crucible] agent_code_in_judge`` (see ``CrucibleSection``).
 
     ``solution_path`` is the oracle script (None when the task has none Crucible can run);
     ``notes`` lists what the loader accepted but ignored or could not honour.
@@ -306,6 +339,7 @@ class Task(BaseModel):
     expected_tests: int | None = None
     pass_threshold: float = Field(1.0, ge=0.0, le=1.0)
     degrades_to: str | None = None
+    agent_code_in_judge: Literal["zero", "allow"] = "zero"
     metadata: dict[str, Any] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import io
 import json
 import logging
 import os
 import re
+import tarfile
 import threading
 import time
 from collections.abc import Iterable
@@ -22,7 +24,7 @@ from pathlib import Path
 import docker
 
 from service.config import Settings, get_settings
-from service.errors import InvalidRequest, NotFound
+from service.errors import InvalidRequest, NotFound, TaskFormatError
 from service.images import ProgressFn, build_context, resolve_image_id
 from service.tasks.buildprep import BuildSettings, PreparedDockerfile, from_references, prepare
 from service.tasks.builds import BuildTracker
@@ -63,15 +65,34 @@ def template_name(task: Task) -> str:
     return f"{name[: TEMPLATE_NAME_MAX - 9].rstrip('-_.')}-{suffix}"
 
 
-def template_for(task: Task, image: str) -> Template:
+def template_for(task: Task, image: str, *, ids: tuple[int, int] | None = None) -> Template:
     """The sandbox template of a task running on ``image`` (from ``ensure_image``).
 
     Limits come from the task (``cpus``, ``memory_mb``, ``storage_mb`` as ``disk_mb``); the
     network is ``none`` unless the task allows internet; ``workdir`` is the task's;
-    ``files_root`` is ``/``.
+    ``files_root`` is ``/``. The sandbox user is the task's ``[environment]`` ``uid``/``gid``
+    (``gid`` defaults to ``uid``), or ``ids`` (uid, gid: a ``user`` name looked up in the
+    image), else root. ``allow_root`` is the task's (default: root tasks only).
+
+    Raises ``TaskFormatError`` (field ``environment.user``) for a name given without ``ids``.
     """
     env = task.environment
+    uid, gid = 0, 0
+    if env.uid is not None:
+        uid, gid = env.uid, env.gid if env.gid is not None else env.uid
+    elif env.user not in (None, "root"):
+        if ids is None:
+            raise TaskFormatError(
+                f"task {task.key}: user {env.user!r} needs its uid (or an image to look it up)",
+                field="environment.user",
+            )
+        uid, gid = ids
+    name = env.user or ("root" if uid == 0 else "agent")
     return Template(
+        user=name,
+        uid=uid,
+        gid=gid,
+        allow_root=env.allow_root if env.allow_root is not None else uid == 0,
         name=template_name(task),
         image=image,
         description=f"task {task.key} ({task.format}, version {task.version})",
@@ -82,6 +103,31 @@ def template_for(task: Task, image: str) -> Template:
         workdir=env.workdir,
         files_root="/",
     )
+
+
+def image_user_ids(client: docker.DockerClient, image: str, name: str) -> tuple[int, int] | None:
+    """``name``'s (uid, gid) in ``image``'s ``/etc/passwd``, or None when it is not there.
+
+    The file is read through the engine's archive API from a container that is created and
+    removed, never started. Raises ``docker.errors.DockerException`` when the engine fails.
+    """
+    container = client.containers.create(image, command=["true"], entrypoint=[])
+    try:
+        try:
+            chunks, _ = container.get_archive("/etc/passwd")
+        except docker.errors.NotFound:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            handle = tar.extractfile(member) if member is not None else None
+            text = handle.read().decode("utf-8", "replace") if handle is not None else ""
+    finally:
+        container.remove(force=True)
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4 and fields[0] == name and fields[2].isdigit() and fields[3].isdigit():
+            return int(fields[2]), int(fields[3])
+    return None
 
 
 def _signature(root: Path) -> tuple[tuple[str, int], ...]:
@@ -361,6 +407,13 @@ class TaskRegistry:
                 )
             return self._tracker
 
+    def _docker(self) -> docker.DockerClient:
+        if self._client is None:
+            from service.images import _client
+
+            self._client = _client(self._effective_settings())
+        return self._client
+
     def _effective_settings(self) -> Settings:
         return self._settings or get_settings()
 
@@ -377,5 +430,19 @@ class TaskRegistry:
             self._images.clear()
 
     def template_for(self, task: Task, image: str) -> Template:
-        """The task's sandbox template on ``image``; see the module function ``template_for``."""
-        return template_for(task, image)
+        """The task's sandbox template on ``image``; see the module function ``template_for``.
+
+        A ``user`` given by name only is looked up in the image's ``/etc/passwd`` (read from
+        a created, never started, container). Raises ``TaskFormatError`` (field
+        ``environment.user``) when the image has no such user.
+        """
+        env = task.environment
+        ids = None
+        if env.uid is None and env.user not in (None, "root"):
+            ids = image_user_ids(self._docker(), image, env.user or "")
+            if ids is None:
+                raise TaskFormatError(
+                    f"task {task.key}: image {image} has no user {env.user!r} in /etc/passwd",
+                    field="environment.user",
+                )
+        return template_for(task, image, ids=ids)

@@ -35,6 +35,7 @@
  *             name or a number, as `docker exec -u` reads it: a named user takes its
  *             passwd uid, gid and home and its /etc/group memberships; a number not in
  *             passwd runs with gid 0; HOME comes from passwd unless an 'e' entry sets it
+ *             (a number not in passwd keeps the container's HOME, else "/")
  *   Strings (argv, shell, cwd, env, path, owner) must not contain NUL bytes.
  *
  * Response: frames on stdout, each u8 type | u32 len | payload:
@@ -1183,12 +1184,14 @@ static int become(const struct request *rq, char *err, size_t errlen) {
     uid_t uid = 0;
     gid_t gid = 0;
     char *end;
+    int in_passwd = 1;
     unsigned long num = strtoul(spec, &end, 10);
     if (spec[0] && !*end) {
         uid = (uid_t)num;
         if (passwd_entry(NULL, uid, &uid, &gid, home, sizeof home, login, sizeof login) < 0) {
             gid = 0;
             login[0] = 0;
+            in_passwd = 0;
         }
     } else if (passwd_entry(spec, 0, &uid, &gid, home, sizeof home, login, sizeof login) < 0) {
         snprintf(err, errlen, "unable to find user %.200s: no matching entries in passwd file", spec);
@@ -1205,7 +1208,8 @@ static int become(const struct request *rq, char *err, size_t errlen) {
     }
     gid_t groups[64];
     int ngroups = member_gids(group && group[0] ? "" : login, gid, groups, 64);
-    if (!has_env(rq, "HOME")) setenv("HOME", home, 1);
+    /* a uid without a passwd entry keeps the container's HOME (the template's env) */
+    if (!has_env(rq, "HOME") && (in_passwd || !getenv("HOME"))) setenv("HOME", home, 1);
     if (setgroups((size_t)ngroups, groups) < 0 || setgid(gid) < 0 || setuid(uid) < 0) {
         snprintf(err, errlen, "taking uid %u gid %u: %s", (unsigned)uid, (unsigned)gid,
                  strerror(errno));
