@@ -299,15 +299,18 @@ class PoolManager:
 
     # -- starting containers ---------------------------------------------------------------
 
+    @tracing.traced("sandbox.start")
     def start_container(self, row_id: str, template: Template, image: str | None = None) -> str:
         """Create the container of an already inserted ``starting`` row; store its id.
 
         Raises:
             SandboxError: the runtime failed (the row is marked failed by the caller).
         """
+        t0 = time.perf_counter()
         cid = self.runtime.create(
             spec_for(template, row_id, self.deployment, image, replica=self.replica_id)
         )
+        COLD_START_LATENCY.observe(time.perf_counter() - t0)
         with self.db.session() as s:
             s.execute(
                 update(Sandbox)
@@ -320,18 +323,15 @@ class PoolManager:
     def _image_present(self, image: str) -> bool:
         """Whether ``image`` exists (re-checked every 60 s); a missing one is warned about
         once and its pool is not refilled (``crucible images build`` makes it)."""
-    @tracing.traced("sandbox.start")
         now = time.monotonic()
         with self._lock:
             known = self._images_seen.get(image)
         if known is not None and now - known[1] < 60:
             return known[0]
         try:
-        t0 = time.perf_counter()
             self.runtime.image_digest(image)
             present = True
         except CrucibleError:
-        COLD_START_LATENCY.observe(time.perf_counter() - t0)
             present = False
             if known is None or known[0]:
                 log.warning("image %s is missing; its warm pool stays empty", image)
@@ -365,12 +365,20 @@ class PoolManager:
                 ).rowcount
             if not ok:  # removed meanwhile (shutdown, reconcile: counted there)
                 self._destroy_row(sid)
+            else:
+                POOL_CREATED.labels(template.name).inc()
         except Exception as e:  # noqa: BLE001 - a failed refill must not kill the loop
             log.warning("warm start of %s failed: %s", template.name, e)
+            POOL_DESTROYED_UNLEASED.labels(template.name, "failed").inc()
             self.mark_failed(sid, f"warm start failed: {e}")
         finally:
             with self._lock:
                 self._inflight[template.name] -= 1
+
+    def _hold_refill(self, template: str) -> bool:
+        held = self.coord.hold_refill(template)
+        REFILL_LOCK_HELD.labels(template).set(1 if held else 0)
+        return held
 
     def refill(self) -> None:
         """Start sandboxes where a template's warm + starting count is below its target
@@ -386,20 +394,12 @@ class PoolManager:
             except NotFound:
                 log.debug("no template %s any more: its pool is not refilled", name)
                 continue
-            else:
-                POOL_CREATED.labels(template.name).inc()
             if not self._image_present(template.image):
                 continue
-            POOL_DESTROYED_UNLEASED.labels(template.name, "failed").inc()
             for _ in range(deficit):
                 with self._lock:
                     self._inflight[name] = self._inflight.get(name, 0) + 1
                 self._executor.submit(self._refill_one, template)
-
-    def _hold_refill(self, template: str) -> bool:
-        held = self.coord.hold_refill(template)
-        REFILL_LOCK_HELD.labels(template).set(1 if held else 0)
-        return held
 
     def trim(self) -> None:
         """Destroy warm sandboxes in excess of each template's target (only for templates
@@ -430,6 +430,7 @@ class PoolManager:
                         .values(state="released", ended_at=utcnow())
                         .execution_options(synchronize_session=False)
                     )
+            POOL_DESTROYED_UNLEASED.labels(name, "trim").inc(len(ids))
             for sid in ids:
                 self.destroy_async(sid)
 
@@ -451,7 +452,6 @@ class PoolManager:
                 tenant_id=row.tenant_id,
                 sandbox_id=sandbox_id,
                 details={"reason": reason[:500]},
-            POOL_DESTROYED_UNLEASED.labels(name, "trim").inc(len(ids))
             )
         self.destroy_async(sandbox_id)
 
@@ -566,6 +566,8 @@ class PoolManager:
             if row is None or row.state == "starting" or c.status not in ("running", "paused"):
                 self.runtime.destroy(c.container_id)
                 counts["destroyed"] += 1
+                if row is None or row.tenant_id is None:
+                    POOL_DESTROYED_UNLEASED.labels(c.template or "", "reconcile").inc()
                 live.discard(sid)
         if alone:  # a live replica's starting sandbox has host state before its container
             self.runtime.prune_host_state(deployment=self.deployment, live_sandbox_ids=live)
@@ -587,8 +589,6 @@ class PoolManager:
                     self.mark_failed(sid, f"could not thaw after a restart: {e}")
                     counts["failed"] += 1
                     continue
-                if row is None or row.tenant_id is None:
-                    POOL_DESTROYED_UNLEASED.labels(c.template or "", "reconcile").inc()
             if row.state == "snapshotting":
                 with self.db.session() as s:
                     s.execute(
@@ -652,6 +652,7 @@ class PoolManager:
             if owner and owner not in live and c.sandbox_id not in alive:
                 self._destroy_quietly(c.container_id)
                 counts["destroyed"] += 1
+                POOL_DESTROYED_UNLEASED.labels(c.template or "", "reclaim").inc()
         if counts["failed"] or counts["destroyed"]:
             log.info("reclaimed from dead replicas: %s", counts)
         return counts
@@ -673,7 +674,6 @@ class PoolManager:
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
             self.background(self.runtime.prune_snapshots, deployment=self.deployment)
-                POOL_DESTROYED_UNLEASED.labels(c.template or "", "reclaim").inc()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
