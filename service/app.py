@@ -162,6 +162,6 @@ def create_app(
     app.add_middleware(IdempotencyMiddleware)  # inside the limits: it reads bounded bodies
     app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)
     app.add_middleware(MetricsMiddleware)
-    return app
     app.add_middleware(tracing.TracingMiddleware)  # a pass-through unless tracing is on
     app.add_middleware(logs.RequestIdMiddleware)  # outermost: every answer carries its id
+    return app

@@ -237,12 +237,12 @@ class Problem(BaseModel):
     instance: str | None = None
     field: str | None = None
     errors: list[dict[str, Any]] | None = None
-
-
-class TaskOut(_Model):
     request_id: str | None = Field(
         None, description="The request's id (also the X-Request-ID response header)."
     )
+
+
+class TaskOut(_Model):
     """A task as workers see it (no tests, no solution)."""
 
     id: str
