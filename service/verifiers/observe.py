@@ -8,6 +8,11 @@ one-use key file (``Secret.file_bytes``, placed by the replay) and signs every l
 passed, failed, error, skipped, xfailed) and ``end``. Two canaries per session, a must-pass
 and a must-fail named like the task's tests and placed at random among them, carry ``c``.
 
+A session also reports ``agent_code`` (at any point, even before its ``start``) for every
+agent-written file whose code is about to run in the reporting process: the plugin hears of
+it from ``crucible_guard``'s audit hook before that code runs, so the code cannot unsay it.
+Such an outcome is not evidence (``Observation.agent_code``).
+
 The verdict (``judge``) trusts nothing the tests' code could have bent without showing it:
 a line not signed with an unused session key, a session started twice or without its end,
 a canary missing, repeated or with the wrong outcome make the run ``tampered``; no session
@@ -28,6 +33,7 @@ MAX_TESTS = 20_000  # real tests per verification; above it the run is not judge
 
 
 SESSIONS = 4  # pytest sessions one test command may run (one key each)
+MAX_AGENT_CODE = 20  # agent-written files named in a verdict (the first ones)
 SECRET_PATH = "/logs/.crucible-observe.json"
 
 
@@ -83,12 +89,15 @@ class Observation:
 
     ``tests``: real tests (canaries excluded) by node id -> outcome, over every session;
     ``sessions``: pytest sessions seen; ``tampered``: why the report cannot be trusted
-    (None when it can); ``passed``/``total``: counts over ``tests``.
+    (None when it can); ``agent_code``: agent-written files (at most ``MAX_AGENT_CODE``)
+    whose code ran inside a reporting process, so that its outcomes are the agent's word;
+    ``passed``/``total``: counts over ``tests``.
     """
 
     tests: dict[str, str] = field(default_factory=dict)
     sessions: int = 0
     tampered: str | None = None
+    agent_code: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -137,6 +146,11 @@ def judge(raw: bytes, secret: Secret, *, truncated: bool = False) -> Observation
             obs.tampered = f"line {n} of the observation was not written by Crucible's plugin"
             return obs
         index, event = rec["s"], rec.get("e")
+        if event == "agent_code":
+            path = str(rec.get("path", ""))
+            if path not in obs.agent_code and len(obs.agent_code) < MAX_AGENT_CODE:
+                obs.agent_code.append(path)
+            continue
         if event == "start":
             if index in sessions:
                 obs.tampered = "a test session started twice"

@@ -15,7 +15,11 @@ and ``crucible_guard`` gives pristine modules precedence over agent-written ones
 
 Everything the end state causes is a score (``status=ok``), 0 with the cause in
 ``details["dodge"]``: a tampered or missing observation, tests that hang, crash or run out
-of memory, an end state too big or unreadable, a workdir that is gone. ``status=error`` is
+of memory, an end state too big or unreadable, a workdir that is gone, and an outcome
+reported by a test process in which agent-written code ran (``agent_code_in_judge``:
+code with the reporter's rights can make it say anything; tasks whose tests must import
+the agent's code declare ``[crucible] agent_code_in_judge = "allow"`` and their records
+say ``details.trusted = false``). ``status=error`` is
 only for failures outside the end state (the engine, Crucible's own infrastructure).
 Tenants see counts and reasons; test names and output are under ``details["private"]``.
 """
@@ -66,6 +70,7 @@ class TerminalCheck:
     extra_files: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     max_end_state_bytes: int | None = None  # the task's storage limit
+    agent_code_in_judge: str = "zero"  # [crucible] agent_code_in_judge: "zero" | "allow"
 
 
 def parse_reward(
@@ -158,6 +163,17 @@ def score(
     """Turn what was observed and the task's reward file into a result (pure; unit-tested
     directly). See the module docstring for the rule."""
     details: dict[str, Any] = {"test_exit_code": exit_code, "tests": obs.summary()}
+    if obs.agent_code:
+        # The reporting process ran the agent's code: whatever it reported is the agent's word.
+        details["agent_code_in_judge"] = list(obs.agent_code)
+        if check.agent_code_in_judge != "allow":
+            reason = (
+                "agent-written code ran inside the test process that reports the outcome "
+                f"({obs.agent_code[0]}), so the outcome is not evidence; run the code under "
+                'test in a subprocess, or declare [crucible] agent_code_in_judge = "allow"'
+            )
+            return _zero("agent_code_in_judge", reason, None, **details)
+        details["trusted"] = False
     if obs.tampered:
         return _zero(
             "tampered",
@@ -415,6 +431,7 @@ def check_for(task: Task) -> TerminalCheck:
         env=dict(task.test_env),
         max_end_state_bytes=task.environment.storage_mb << 20,
         fetches_tools=task.verifier_network,
+        agent_code_in_judge=task.agent_code_in_judge,
     )
 
 

@@ -51,7 +51,10 @@ FORGE_REWARD = (
     "open('/logs/verifier/reward.json', 'w').write('{\"reward\": 1.0}')\n"
     "open('/logs/verifier/reward.txt', 'w').write('1')\n"
 )
-# Code the tests import, each bending the run a different way (class 1 of issue 9).
+# Code the tests import, each bending the run a different way (class 1 of issue 9); what
+# each one met before the judging process ran no agent code (the dodge it was caught as).
+# Run by test_in_process_attacks.py, on the bundled task (whose tests now call the package
+# in a child process) and on a fixture whose tests import it into the reporter.
 IMPORTED_ATTACKS: dict[str, tuple[str, str | None]] = {
     # the reward file says 1 while the tests fail
     "reward-json": (FORGE_REWARD, None),
@@ -96,20 +99,6 @@ IMPORTED_ATTACKS: dict[str, tuple[str, str | None]] = {
     "crash": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
     "memory": ("x = bytearray(8 << 30)\n", None),
 }
-
-
-@pytest.mark.parametrize("attack", sorted(IMPORTED_ATTACKS))
-def test_code_the_tests_import_cannot_forge(stack: Stack, attack: str) -> None:
-    code, dodge = IMPORTED_ATTACKS[attack]
-    ep = start(stack, "semver-library-bugfix")
-    sh(stack, ep, append_py(IMPORTED, code))
-    rec = verify(stack, ep)
-    v = rec["verifier"]
-    assert (rec["reward"], v["status"]) == (0.0, "ok"), v
-    if dodge:
-        assert v["details"]["dodge"] == dodge, v["details"]
-    # no answers in records: the tenant sees counts, never test names or output (issue 9)
-    assert "private" not in v["details"] and "test_parse" not in str(rec), v["details"]
 
 
 # Generic primitives, applied together to every bundled terminal task: where agent code

@@ -287,3 +287,28 @@ def test_type_changes_are_removed_before_the_copy() -> None:
     )
     assert plan.delete == ("/etc/was-dir", "/etc/was-file")
     assert plan.copy == ("/etc/was-dir", "/etc/was-file/inside")
+
+
+def test_an_outcome_from_a_process_that_ran_agent_code_is_not_evidence() -> None:
+    """``agent_code`` lines (sent before the agent's code runs, even before ``start``)
+    make every outcome of the run the agent's word: 0 by default, whatever was reported."""
+    raw = line("agent_code", path="/app/pkg/__init__.py", how="exec") + session(
+        "passed", "passed", "passed"
+    )
+    obs = judge(raw, SECRET)
+    assert obs.agent_code == ["/app/pkg/__init__.py"] and obs.tampered is None
+    r = score(CHECK, obs, exit_code=0, reward_txt=b"1", reward_json=None)
+    assert (r.status, r.reward, r.details["dodge"]) == ("ok", 0.0, "agent_code_in_judge")
+    assert r.details["agent_code_in_judge"] == ["/app/pkg/__init__.py"]
+    # a task that must import the agent's code opts in: scored, and marked untrusted
+    allow = TerminalCheck(**{**CHECK.__dict__, "agent_code_in_judge": "allow"})
+    r = score(allow, obs, exit_code=0, reward_txt=b"1", reward_json=None)
+    assert (r.reward, r.details["trusted"]) == (1.0, False)
+    # the line counts wherever it comes, and an unsigned one is tampering, not a pass
+    late = session("passed", "passed", "passed")
+    late += line("agent_code", path="/app/x.py", how="exec")
+    assert judge(late, SECRET).agent_code == ["/app/x.py"]
+    forged = session("passed", "passed", "passed") + line(
+        "agent_code", nonce="n0", path="/app/x.py", how="exec"
+    )
+    assert judge(forged, SECRET).tampered

@@ -28,6 +28,21 @@ library's ``ntpath`` tries ``import nt`` while pytest starts, and the agent's mo
 before the plugin, took the key and wrote a passing session.) The plugin relaxes this for
 the processes the tests start (``CRUCIBLE_GUARD_RELAXED``), so a project's own test run
 or program imports its modules as usual.
+
+After start-up, agent-written code may still run in the judging process when the tests
+import it (``import semverlite``), and code that shares a process with the reporter has
+its rights: a red-team trial found the observer with ``gc`` and passed only the real
+tests. So the judging process is watched, not trusted to stay clean: an audit hook
+(PEP 578; it cannot be removed once added) sees every code object about to execute
+(``exec``: imports, ``runpy``, ``exec(compile(...))``), every source compiled under a file
+name (``compile``), every extension module and shared library loaded (``import`` with a
+file, ``ctypes.dlopen``), and names each agent-written file among them (the module's file,
+its cached bytecode, the code's own file name) *before* that code runs (``watch_agent_code``).
+The observer signs and sends each one, so the verifier knows the outcome came from a
+process where the agent's code ran and does not count it (``service.verifiers.terminal``).
+What the hook cannot attribute is text the tests themselves read from an agent's file and
+hand to ``exec``/``eval`` under a made-up name, or data they unpickle: the task's tests
+then execute the agent's input on purpose.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ from importlib.machinery import PathFinder
 _TRUSTED_PREFIXES = ("/tests/", "/opt/crucible/")
 _PYTEST_NAMES = ("pytest", "py.test", "pytest-3")
 _state = {"strict": False}
+_watch = {"sink": None, "seen": set(), "pending": [], "busy": False}
 
 
 def _is_pytest_process() -> bool:
@@ -134,6 +150,65 @@ class PristineFirstFinder:
         """Nothing cached here (``PathFinder`` keeps its own caches)."""
 
 
+def watch_agent_code(sink) -> None:  # noqa: ANN001 (Callable[[str, str], None])
+    """Hand every agent-written file whose code is about to run in this process to
+    ``sink(path, how)``, once per file, before it runs; what was seen since start-up
+    first. ``how``: ``exec``, ``bytecode``, ``compile``, ``extension`` or ``dlopen``."""
+    _watch["sink"] = sink
+    pending, _watch["pending"] = _watch["pending"], []
+    for path, how in pending:
+        sink(path, how)
+
+
+def _seen(path, how: str, window: tuple[int, int]) -> None:  # noqa: ANN001
+    if not isinstance(path, str) or not path.startswith("/") or path in _watch["seen"]:
+        return
+    if not is_agent_written(path, window):
+        return
+    _watch["seen"].add(path)
+    sink = _watch["sink"]
+    if sink is None:
+        _watch["pending"].append((path, how))
+    else:
+        sink(path, how)
+
+
+def _module_files(frame) -> tuple:  # noqa: ANN001
+    """The ``__file__`` and ``__cached__`` of the module importlib is executing, when the
+    caller of ``exec`` is importlib's ``_call_with_frames_removed``: the files the finder
+    chose (a code object's own file name can say anything in a sourceless ``.pyc``)."""
+    if frame is None or frame.f_code.co_name != "_call_with_frames_removed":
+        return ()
+    args = frame.f_locals.get("args") or ()
+    namespace = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
+    return namespace.get("__file__"), namespace.get("__cached__")
+
+
+def _audit_hook(window: tuple[int, int]):  # noqa: ANN202
+    def hook(event: str, args: tuple) -> None:
+        if _watch["busy"] or event not in ("exec", "compile", "import", "ctypes.dlopen"):
+            return
+        _watch["busy"] = True
+        try:
+            if event == "exec":
+                code = args[0] if args else None
+                for i, path in enumerate(_module_files(sys._getframe(1))):
+                    _seen(path, "bytecode" if i else "exec", window)
+                _seen(getattr(code, "co_filename", None), "exec", window)
+            elif event == "compile":
+                _seen(args[1] if len(args) > 1 else None, "compile", window)
+            elif event == "import":
+                _seen(args[1] if len(args) > 1 else None, "extension", window)
+            else:
+                _seen(args[0] if args else None, "dlopen", window)
+        except Exception:  # noqa: BLE001 (never break the interpreter; the judge sees the rest)
+            pass
+        finally:
+            _watch["busy"] = False
+
+    return hook
+
+
 def install() -> None:
     """Put the finder first on ``sys.meta_path`` once per process (no-op without a
     threshold, i.e. outside a Crucible verification), strict in a pytest process that is
@@ -146,6 +221,21 @@ def install() -> None:
     relaxed = os.environ.get("CRUCIBLE_GUARD_RELAXED") == "1"
     _state["strict"] = not relaxed and _is_pytest_process()
     sys.meta_path.insert(0, PristineFirstFinder(threshold))
+    if not relaxed and (_state["strict"] or _holds_observation_pipe()):
+        # a process that may become the judge is watched from its first instruction (a
+        # hook added later would miss code that ran before it)
+        sys.addaudithook(_audit_hook(threshold))
+
+
+def _holds_observation_pipe() -> bool:
+    """True when fd 3 is a FIFO: the supervisor's observation pipe, inherited until the
+    observer takes it (any process of the test command may load the plugin)."""
+    import stat
+
+    try:
+        return stat.S_ISFIFO(os.fstat(3).st_mode)
+    except OSError:
+        return False
 
 
 install()

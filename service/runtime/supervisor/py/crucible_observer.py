@@ -20,6 +20,10 @@ else through the pipe (``/proc/<pid>/fd/3`` of the test script's shell) is refus
     {"k": nonce, "s": 0, "e": "test", "id": "tests/test_x.py::test_a", "o": "passed", ...}
     {"k": nonce, "s": 0, "e": "test", "id": "...", "o": "failed", "c": "fail", ...}  (canary)
     {"k": nonce, "s": 0, "e": "end", "exitstatus": 1, ...}
+    {"k": nonce, "s": 0, "e": "agent_code", "path": "/app/pkg/__init__.py", "how": "exec"}
+
+``agent_code`` (at any point, even before ``start``): agent-written code is about to run
+in this process (``crucible_guard.watch_agent_code``); the outcome is then not evidence.
 
 The canaries: a must-pass and a must-fail test, named like the task's own and placed at
 random among them. A run whose reporting was bent (every test made to pass, the process
@@ -120,6 +124,11 @@ class _Observer:
         self.rng = random.Random(f"{seed}/{self.index}")
         self.canaries = {}  # nodeid -> "pass" | "fail"
         self.phases = {}  # nodeid -> outcome so far
+
+    def agent_code(self, path: str, how: str) -> None:
+        """Report agent-written code about to run in this process (``crucible_guard``'s
+        watch calls it before the code runs, so what the code does next cannot unsay it)."""
+        self.send("agent_code", path=path[:_MAX_ID], how=how)
 
     def send(self, event: str, **fields) -> None:
         record = {"k": self.nonce, "s": self.index, "e": event, "p": self.pid, **fields}
@@ -246,8 +255,23 @@ def _pristine_plugins() -> list:
     return names
 
 
+def _watched(channel):  # noqa: ANN001, ANN202
+    """The observer for ``channel``, already hearing of agent-written code that runs in this
+    process (before any of it can, since nothing agent-written imports until the tests'
+    conftests load), or None without a channel."""
+    if channel is None:
+        return None
+    observer = _Observer(*channel)
+    try:
+        import crucible_guard
+    except ImportError:
+        return observer
+    crucible_guard.watch_agent_code(observer.agent_code)
+    return observer
+
+
 _AUTOLOAD_OFF = bool(os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"))
-_CHANNEL = _take_channel()
+_OBSERVER = _watched(_take_channel())
 pytest_plugins = _pristine_plugins()
 
 
@@ -264,5 +288,5 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:  # noqa: 
 
 def pytest_configure(config) -> None:  # noqa: ANN001
     """Register the observer (only in the process that holds the pipe)."""
-    if _CHANNEL is not None and not config.pluginmanager.has_plugin("crucible-observer"):
-        config.pluginmanager.register(_Observer(*_CHANNEL), "crucible-observer")
+    if _OBSERVER is not None and not config.pluginmanager.has_plugin("crucible-observer"):
+        config.pluginmanager.register(_OBSERVER, "crucible-observer")

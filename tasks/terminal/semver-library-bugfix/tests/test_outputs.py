@@ -1,20 +1,54 @@
-"""Hidden checks for semver-library-bugfix (every rule of the documented spec)."""
+"""Hidden checks for semver-library-bugfix (every rule of the documented spec).
+
+The agent's package never runs in this process: ``semver_calls.py`` calls it in a child
+process and only JSON comes back, so the outcome this process reports is evidence
+(code that ran here would have the reporter's rights).
+"""
 
 import hashlib
 import itertools
+import json
 import os
 import subprocess
 import sys
 
-import pytest
-
 PKG = "/app/semverlite"
-sys.path.insert(0, PKG)
-sys.dont_write_bytecode = True
-
-from semverlite import compare, max_satisfying, parse, satisfies  # noqa: E402
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "semver_calls.py")
 
 TESTS_SHA256 = "ffc285b3221def9e70ad203fdf494c6bc662243be1609f5a6ecac30f6821db66"
+
+
+def call(*calls):
+    """Results of ``calls`` (``[op, *args]``, see ``semver_calls.py``), from a child process."""
+    r = subprocess.run(
+        [sys.executable, DRIVER],
+        input=json.dumps(calls),
+        capture_output=True,
+        text=True,
+        cwd=PKG,
+        timeout=60,
+        env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert isinstance(out, list) and len(out) == len(calls), out
+    return out
+
+
+def parse_str(s):
+    return call(["str", s])[0]
+
+
+def compare(a, b):
+    return call(["compare", a, b])[0]
+
+
+def satisfies(v, r):
+    return call(["satisfies", v, r])[0]
+
+
+def max_satisfying(vs, r):
+    return call(["max_satisfying", vs, r])[0]
 
 
 def test_parse_valid_and_roundtrip():
@@ -32,11 +66,10 @@ def test_parse_valid_and_roundtrip():
         "10.20.30",
         "1.2.3----RC-SNAPSHOT.12.9.1--.12+788",
     ]:
-        assert str(parse(s)) == s, s
-    assert str(parse("  v1.2.3 ")) == "1.2.3"
-    assert str(parse("=1.2.3-rc.1")) == "1.2.3-rc.1"
-    v = parse("1.2.3-beta.11+b.7")
-    assert (v.major, v.minor, v.patch, v.prerelease, v.build) == (1, 2, 3, ("beta", "11"), ("b", "7"))
+        assert parse_str(s) == s, s
+    assert parse_str("  v1.2.3 ") == "1.2.3"
+    assert parse_str("=1.2.3-rc.1") == "1.2.3-rc.1"
+    assert call(["fields", "1.2.3-beta.11+b.7"])[0] == [1, 2, 3, ["beta", "11"], ["b", "7"]]
 
 
 INVALID = [
@@ -62,10 +95,9 @@ INVALID = [
 
 
 def test_parse_rejects_invalid():
-    for bad in INVALID:
-        with pytest.raises(ValueError):
-            parse(bad)
-            raise AssertionError(f"accepted invalid version {bad!r}")
+    results = call(*[["str", bad] for bad in INVALID])
+    for bad, got in zip(INVALID, results):
+        assert isinstance(got, dict) and got.get("value_error") is True, (bad, got)
 
 
 def test_precedence_chain():
@@ -85,8 +117,10 @@ def test_precedence_chain():
         "2.0.0",
         "10.0.0",
     ]
-    for (i, a), (j, b) in itertools.product(enumerate(chain), repeat=2):
-        assert compare(a, b) == (i > j) - (i < j), (a, b)
+    pairs = list(itertools.product(enumerate(chain), repeat=2))
+    results = call(*[["compare", a, b] for (_, a), (_, b) in pairs])
+    for ((i, a), (j, b)), got in zip(pairs, results):
+        assert got == (i > j) - (i < j), (a, b)
 
 
 def test_numeric_identifiers_lower_than_alphanumeric():
@@ -112,13 +146,15 @@ def test_caret_ranges():
         "^0.0.3": {"0.0.3": True, "0.0.4": False, "0.1.0": False},
     }
     for rng, expect in cases.items():
-        for v, ok in expect.items():
-            assert satisfies(v, rng) is ok, (v, rng)
+        results = call(*[["satisfies", v, rng] for v in expect])
+        for (v, ok), got in zip(expect.items(), results):
+            assert got is ok, (v, rng)
 
 
 def test_tilde_ranges():
-    for v, ok in {"1.2.3": True, "1.2.9": True, "1.3.0": False, "1.2.2": False}.items():
-        assert satisfies(v, "~1.2.3") is ok, v
+    expect = {"1.2.3": True, "1.2.9": True, "1.3.0": False, "1.2.2": False}
+    for (v, ok), got in zip(expect.items(), call(*[["satisfies", v, "~1.2.3"] for v in expect])):
+        assert got is ok, v
     assert satisfies("0.0.5", "~0.0.1") and not satisfies("0.1.0", "~0.0.1")
 
 
