@@ -142,14 +142,16 @@ def upcoming(
     s: Session, job: Job, *, now: datetime, horizon_s: float | None = None
 ) -> list[Upcoming]:
     """The job's groups predicted to start within ``horizon_s`` seconds (default: the
-    schedule's ``warm_ahead_s``, else ``WARM_AHEAD_S``), earliest first (see the module
-    docstring for the model)."""
+    schedule's ``warm_ahead_s``, else ``WARM_AHEAD_S``; 0 turns warming ahead off),
+    earliest first (see the module docstring for the model)."""
     sched = load_schedule(job.schedule)
     horizon = (
         horizon_s
         if horizon_s is not None
         else (sched.warm_ahead_s if sched is not None else WARM_AHEAD_S)
     )
+    if horizon <= 0:  # warming ahead is off for this job
+        return []
     items = plan.load_items(s, job.id)
     by_task = plan.durations(s, job, sched or Schedule())
 

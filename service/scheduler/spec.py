@@ -74,7 +74,7 @@ class Schedule(_Spec):
     groups. ``order``: ``sef`` (shortest expected first within a priority level, aged by
     ``aging`` seconds of expected duration per second queued, ``warm_bonus_s`` off for a
     template with warm sandboxes) or ``fifo``. ``warm_ahead_s``: warm pools are filled for
-    the groups expected to start within this many seconds (``demand``).
+    the groups expected to start within this many seconds (``demand``; 0: not at all).
     """
 
     mix: list[DomainShare] | None = Field(None, min_length=1, max_length=1000)

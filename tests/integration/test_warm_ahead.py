@@ -73,3 +73,37 @@ def test_queued_items_warm_their_pools_before_claims_arrive(stack: Stack) -> Non
 
     assert stack.alice.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     stack.wait_for(lambda: all(v["target"] == 0 for v in _levels(stack).values()), 30)
+
+
+def test_claims_prefer_tasks_whose_template_has_warm_sandboxes(stack: Stack) -> None:
+    # Affinity: with equal expected durations (none measured) the last-listed task, whose
+    # template alone has a warm sandbox, is claimed first; the same queue with no warm
+    # bonus is claimed oldest first. Warming ahead is off (warm_ahead_s 0), so the only
+    # warm pool is the one the admin asked for.
+    tasks = ["cron-next-fire-times", "fixed-width-to-csv", "jsonl-order-summary"]
+    hot = template_name(stack.ctx.tasks.get(tasks[-1], "terminal"))
+    r = stack.admin.put(f"/v1/pools/{hot}", json={"target_size": 1})
+    assert r.status_code == 200, r.text
+    stack.wait_for(lambda: stack.ctx.pools.levels()[hot]["warm"] >= 1, 300)
+
+    def job(bonus: float) -> str:
+        body = {
+            "suite": "terminal",
+            "task_ids": tasks,
+            "policy": {"name": "p"},
+            "schedule": {"order": "sef", "warm_ahead_s": 0, "warm_bonus_s": bonus},
+        }
+        r = stack.alice.post("/v1/jobs", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    key = stack.alice.headers["authorization"].split(" ", 1)[1]
+    affine, plain = job(5.0), job(0.0)
+    with Client(stack.url, key) as client:
+        first = [client.claim(affine, worker="w", lease_s=300) for _ in range(2)]
+        control = client.claim(plain, worker="w", lease_s=300)
+    assert [f.task_id for f in first if f] == [tasks[2], tasks[0]]
+    assert control is not None and control.task_id == tasks[0]
+    for j in (affine, plain):
+        assert stack.alice.post(f"/v1/jobs/{j}/cancel").status_code == 200
+    assert stack.admin.put(f"/v1/pools/{hot}", json={"target_size": 0}).status_code == 200
