@@ -16,8 +16,10 @@ from service import dashboard, idempotency, logs, recovery, tenants, tracing
 from service.api import (
     audit,
     builds,
+    events,
     health,
     jobs,
+    keys,
     limits,
     problems,
     processes,
@@ -153,6 +155,8 @@ def create_app(
             jobs,
             rewards,
             audit,
+            keys,
+            events,
         )
     ]
     for router in routers:

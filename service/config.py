@@ -10,8 +10,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RateLimit(BaseModel):
+    """A tenant's request rate: ``rps`` requests per second on average, ``burst`` at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rps: float = Field(gt=0, le=1e6)
+    burst: int = Field(ge=1, le=1_000_000)
 
 
 class Settings(BaseSettings):
@@ -172,6 +181,24 @@ class Settings(BaseSettings):
     )
     dashboard_refresh_s: float = Field(
         3.0, gt=0, le=3600, description="How often the dashboard's live panels re-read."
+    )
+
+    rate_limit: RateLimit | None = Field(
+        None,
+        description="Every tenant's request rate unless rate_limits names it, e.g. "
+        '\'{"rps": 50, "burst": 100}\'; none: no limit (the check is skipped).',
+    )
+    rate_limits: dict[str, RateLimit | None] = Field(
+        default_factory=dict,
+        description='Per-tenant request rates, e.g. \'{"team-a": {"rps": 5, "burst": 10}}\'; '
+        "null for a tenant exempts it from rate_limit. Shared across replicas via Redis.",
+    )
+    key_cache_ttl_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="How long an API-key lookup is cached; a revoke through the API reaches "
+        "every replica at once (pub/sub), any other within this bound. 0: no cache.",
     )
 
     @model_validator(mode="after")

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service import faults
+from service import coordination, faults
 from service.config import Settings
+from service.coordination.tracking import TrackingRuntime
 from service.db.engine import Database
+from service.events import EventBus
+from service.keycache import KeyCache
 from service.pool import PoolManager
+from service.ratelimit import RateLimiter
 from service.runtime.base import SandboxRuntime
 from service.tasks.registry import TaskRegistry, template_name
 from service.templates import Template, TemplateRegistry, builtin_templates
@@ -23,6 +27,9 @@ class ServiceContext:
     templates: TemplateRegistry
     pools: PoolManager
     tasks: TaskRegistry
+    limiter: RateLimiter
+    keys: KeyCache
+    events: EventBus
 
     @classmethod
     def build(cls, settings: Settings, *, runtime: SandboxRuntime | None = None) -> ServiceContext:
@@ -50,7 +57,22 @@ class ServiceContext:
         templates = TemplateRegistry(
             builtin_templates(settings.image_prefix), resolver=task_template
         )
-        pools = PoolManager(settings=settings, db=db, runtime=runtime, templates=templates)
+        coord = coordination.build(settings)
+        if settings.replica and settings.redis_url:  # others may reclaim what we leave
+            runtime = TrackingRuntime(runtime, coord)
+        pools = PoolManager(
+            settings=settings, db=db, runtime=runtime, templates=templates, coordinator=coord
+        )
+        events = EventBus(coord)
+        events.install(db)
         return cls(
-            settings=settings, db=db, runtime=runtime, templates=templates, pools=pools, tasks=tasks
+            settings=settings,
+            db=db,
+            runtime=runtime,
+            templates=templates,
+            pools=pools,
+            tasks=tasks,
+            limiter=RateLimiter(settings, coord),
+            keys=KeyCache(coord, ttl_s=settings.key_cache_ttl_s, read=db.read),
+            events=events,
         )

@@ -16,12 +16,16 @@ Two entry points:
   removed. Then ``reclaim`` runs once.
 
 After both, no episode is ``running`` or ``verifying`` without a live owner.
+
+On replicas, ``DeadReplicaWork`` also runs on every pool tick: the cold starts and
+snapshots a dead replica left half done are failed or put back (see its docstring).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import docker
 from sqlalchemy import and_, or_, select, update
@@ -214,3 +218,123 @@ def _remove_rowless_snapshot_images(ctx: ServiceContext) -> int:
         except CrucibleError as e:  # still used by a container: prune removes it later
             log.info("snapshot image %s kept: %s", tag, e)
     return removed
+
+
+class DeadReplicaWork:
+    """Finishes what a dead replica left mid-way (a pool-tick maintenance callable).
+
+    A replica tracks its starts (``sb:<id>``) and snapshots (``c:<container>``) in the
+    coordinator while they run (``service.coordination.tracking``). Every ``EVERY_S``
+    seconds this looks at tenants' ``starting`` rows (cold leases, forks) and
+    ``snapshotting`` rows (snapshots, group starts) that no live replica tracks; one found so
+    twice in a row, in the same state, is its dead owner's: a ``starting`` row is failed
+    (quota back, container destroyed), a ``snapshotting`` one thawed and put back to
+    ``leased``, and released when it was a group start's prepared sandbox (the request that
+    made it died with its replica). Only on replicas, and only while the live set is known
+    (Redis answers); otherwise it does nothing. Unleased refill rows are the pool's
+    (``PoolManager.reclaim_dead_replicas``).
+
+    Args:
+        ctx: the service context.
+    """
+
+    EVERY_S = 5.0
+
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        self._suspects: dict[str, str] = {}  # sandbox id -> state when seen untracked
+        self._checked_at = 0.0
+
+    def __call__(self) -> dict[str, int]:
+        """Run one check when due; returns counts ``failed``, ``restored``, ``released``."""
+        counts = {"failed": 0, "restored": 0, "released": 0}
+        now = time.monotonic()
+        if not self.ctx.settings.replica or now - self._checked_at < self.EVERY_S:
+            return counts
+        self._checked_at = now
+        busy = self.ctx.pools.coord.in_flight()
+        if busy is None:
+            self._suspects.clear()
+            return counts
+        with self.ctx.db.read() as s:
+            rows = s.execute(
+                select(Sandbox.id, Sandbox.state, Sandbox.container_id).where(
+                    Sandbox.deployment == self.ctx.settings.deployment,
+                    Sandbox.state.in_(("starting", "snapshotting")),
+                    Sandbox.tenant_id.is_not(None),
+                )
+            ).all()
+        untracked = {
+            sid: state
+            for sid, state, cid in rows
+            if f"sb:{sid}" not in busy and not (cid and f"c:{cid}" in busy)
+        }
+        confirmed = [sid for sid, state in untracked.items() if self._suspects.get(sid) == state]
+        self._suspects = {k: v for k, v in untracked.items() if k not in confirmed}
+        for sid in confirmed:
+            if untracked[sid] == "starting":
+                self.ctx.pools.mark_failed(sid, "no live replica was starting it (its died)")
+                counts["failed"] += 1
+            elif self._restore(sid):
+                counts["restored"] += 1
+                if self._release_prepared(sid):
+                    counts["released"] += 1
+        if any(counts.values()):
+            log.info("finished the work of dead replicas: %s", counts)
+        return counts
+
+    def _restore(self, sandbox_id: str) -> bool:
+        """Thaw a dead replica's snapshot sandbox and put it back to ``leased``."""
+        with self.ctx.db.read() as s:
+            row = s.get(Sandbox, sandbox_id)
+        if row is None or row.state != "snapshotting":
+            return False
+        paused = any(
+            c.sandbox_id == sandbox_id and c.status == "paused"
+            for c in self.ctx.runtime.list(deployment=self.ctx.settings.deployment)
+        )
+        if paused and row.container_id:
+            try:
+                self.ctx.runtime.thaw(row.container_id)
+            except CrucibleError as e:
+                self.ctx.pools.mark_failed(
+                    sandbox_id, f"could not thaw after its replica died: {e}"
+                )
+                return False
+        with self.ctx.db.session() as s:
+            got = s.execute(
+                update(Sandbox)
+                .where(Sandbox.id == sandbox_id, Sandbox.state == "snapshotting")
+                .values(state="leased")
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if got:
+                audit.record(
+                    s,
+                    "sandbox.recover",
+                    tenant_id=row.tenant_id,
+                    sandbox_id=sandbox_id,
+                    details={"reason": "its snapshot's replica died", "thawed": paused},
+                )
+        return bool(got)
+
+    def _release_prepared(self, sandbox_id: str) -> bool:
+        """Release a group start's prepared sandbox whose start died (and its snapshots)."""
+        with self.ctx.db.read() as s:
+            row = s.get(Sandbox, sandbox_id)
+            snaps = (
+                s.execute(
+                    select(Snapshot.id).where(
+                        Snapshot.sandbox_id == sandbox_id, Snapshot.deleted_at.is_(None)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        if row is None or (row.metadata_ or {}).get("episode_role") != "prepare":
+            return False
+        for snap_id in snaps:
+            with contextlib.suppress(NotFound):
+                sandboxes.delete_snapshot(self.ctx, _system(row.tenant_id), snap_id)
+        _release(self.ctx, row.tenant_id, sandbox_id)
+        return True

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service import audit, tenants
+from service import audit
 from service.context import ServiceContext
 from service.errors import AuthError, Forbidden
 from service.metrics import AUTH_FAILURES
@@ -22,13 +22,13 @@ Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 
 
 def get_principal(request: Request, ctx: Ctx) -> Principal:
-    """Authenticate ``Authorization: Bearer <key>``; a failure is audited and is a 401."""
+    """Authenticate ``Authorization: Bearer <key>`` (a failure is audited and is a 401),
+    then count the request against the tenant's rate limit (429 with ``Retry-After``)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     raw = token.strip() if scheme.lower() == "bearer" else None
     try:
-        with ctx.db.read() as s:
-            return tenants.authenticate(s, raw)
+        principal = ctx.keys.authenticate(raw)  # cached; a revoke reaches every replica
     except AuthError as e:
         AUTH_FAILURES.inc()
         with ctx.db.session() as s:
@@ -45,6 +45,8 @@ def get_principal(request: Request, ctx: Ctx) -> Principal:
                 },
             )
         raise
+    ctx.limiter.check(principal.tenant_id)  # 429 over the tenant's rate; no-op when unset
+    return principal
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

@@ -1,7 +1,9 @@
 """The coordination seam: what replicas of one deployment agree on beyond the database.
 
 Leasing never rests on it (the guarded UPDATEs do); it decides who refills a template's warm
-pool, what warm demand the jobs of every replica add up to, and which replicas are alive.
+pool, what warm demand the jobs of every replica add up to, which replicas are alive and
+what each is in the middle of, per-tenant request rates, and messages every replica hears
+(key revocations, the dashboard's event stream).
 ``InProcessCoordinator`` serves one process; ``RedisCoordinator`` several replicas.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 # A demand is what a job of ``owner`` (a tenant id, or None) asks of ``template``.
@@ -50,6 +54,36 @@ class Coordinator(Protocol):
 
     def live_replicas(self) -> set[str] | None:
         """Ids of replicas whose heartbeat is fresh (this one included); None when unknown."""
+        ...
+
+    def take(self, bucket: str, *, rate_per_s: float, burst: int) -> float:
+        """Take one token from ``bucket`` (a token bucket refilled at ``rate_per_s`` up to
+        ``burst``); 0.0 when taken, else the seconds until one will be there."""
+        ...
+
+    def publish(self, channel: str, message: str) -> None:
+        """Send ``message`` to every replica's subscribers of ``channel`` (this one's too);
+        never blocks the caller on the network."""
+        ...
+
+    def subscribe(
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+    ) -> None:
+        """Call ``on_message`` for each message on ``channel`` (on a background thread), and
+        ``on_gap`` whenever messages may have been missed (the link to the others broke)."""
+        ...
+
+    def listening(self) -> bool:
+        """True while every message published anywhere reaches this replica's subscribers."""
+        ...
+
+    def track(self, item: str) -> AbstractContextManager[None]:
+        """Mark ``item`` (``sb:<sandbox id>`` or ``c:<container id>``) as in the hands of
+        this replica while the context runs."""
+        ...
+
+    def in_flight(self) -> set[str] | None:
+        """Items every live replica is in the middle of; None when unknown."""
         ...
 
     def health(self) -> dict[str, object]:

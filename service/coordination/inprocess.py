@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 from service.coordination.base import DemandKey, new_replica_id
+from service.coordination.bucket import TokenBuckets
+
+log = logging.getLogger("crucible.coordination")
 
 
 class InProcessCoordinator:
@@ -18,6 +25,9 @@ class InProcessCoordinator:
         self.replica_id = replica_id or new_replica_id()
         self._demand: dict[DemandKey, int] = {}
         self._lock = threading.Lock()
+        self._buckets = TokenBuckets()
+        self._subs: dict[str, list[Callable[[str], None]]] = {}
+        self._busy: Counter[str] = Counter()
 
     def hold_refill(self, template: str) -> bool:
         """Always True: one process is its deployment's only refiller."""
@@ -41,6 +51,47 @@ class InProcessCoordinator:
     def live_replicas(self) -> set[str] | None:
         """Just this one."""
         return {self.replica_id}
+
+    def take(self, bucket: str, *, rate_per_s: float, burst: int) -> float:
+        """One token from the in-memory bucket (see ``TokenBuckets.take``)."""
+        return self._buckets.take(bucket, rate_per_s=rate_per_s, burst=burst)
+
+    def publish(self, channel: str, message: str) -> None:
+        """Call this process's subscribers of ``channel`` now (a failing one is logged)."""
+        for fn in list(self._subs.get(channel, ())):
+            try:
+                fn(message)
+            except Exception:  # noqa: BLE001 - one subscriber must not break the publisher
+                log.exception("subscriber of %s failed", channel)
+
+    def subscribe(
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+    ) -> None:
+        """Add ``on_message``; in one process nothing is ever missed, so ``on_gap`` is unused."""
+        with self._lock:
+            self._subs.setdefault(channel, []).append(on_message)
+
+    def listening(self) -> bool:
+        """Always: publishing calls the subscribers directly."""
+        return True
+
+    @contextlib.contextmanager
+    def track(self, item: str) -> Iterator[None]:
+        """Count ``item`` as in flight while the context runs."""
+        with self._lock:
+            self._busy[item] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy[item] -= 1
+                if self._busy[item] <= 0:
+                    del self._busy[item]
+
+    def in_flight(self) -> set[str] | None:
+        """What this process is in the middle of."""
+        with self._lock:
+            return set(self._busy)
 
     def health(self) -> dict[str, object]:
         """In-process coordination is always healthy."""

@@ -7,25 +7,37 @@ Keys (prefix ``crucible:<deployment>:``):
   the token is ``INCR fence:<template>``, so each new holder's is larger than any before.
   Renewal is compare-and-expire (a Lua script): a holder whose lock lapsed and was taken
   learns it on its next renewal and stops refilling.
+- ``rate:<bucket>``: a token bucket (hash ``tokens``, ``ts``), taken by one Lua script on
+  Redis's clock (``TIME``), so every replica draws from the same bucket.
+- ``inflight:<replica id>``: a set of what the replica is in the middle of (``sb:<id>``
+  starts, ``c:<container>`` commits), ``EX ttl`` renewed with the heartbeat.
+- ``chan:<name>``: pub/sub channels (key revocations, events); one listener thread per
+  replica, publishing from a queue on a thread of its own (a request never waits on Redis).
 - ``demand:<replica id>``: a hash ``json([owner, template]) -> size``, ``EX ttl``, renewed
   with the heartbeat, so a dead replica's demand expires with it. ``drop_demand`` deletes
   the field from every replica's hash (any replica may end the job that asked).
 
 While Redis cannot be reached: refill locks fall back to PostgreSQL advisory locks
 (``pglock``: one refiller still), demand is this replica's own, the live replica set is
-unknown (recovery then touches nothing another replica may own), and ``health`` says so.
+unknown (recovery then touches nothing another replica may own), rate limits are this
+replica's own buckets, subscribers are told of the gap (``on_gap``), and ``health`` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import queue
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 import redis
 
 from service.coordination.base import DemandKey, new_replica_id
+from service.coordination.bucket import TokenBuckets
 from service.coordination.pglock import AdvisoryLocks
 
 log = logging.getLogger("crucible.coordination")
@@ -35,6 +47,20 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('pexpire', KEYS[1], ARGV[2])
 end
 return 0
+"""
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local v = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens, ts = tonumber(v[1]) or burst, tonumber(v[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens),
+           'ts', string.format('%.6f', now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+return string.format('%.6f', wait)
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -69,6 +95,15 @@ class RedisCoordinator:
         self._p = f"crucible:{deployment}:"
         self._renew = self._r.register_script(_RENEW)
         self._release = self._r.register_script(_RELEASE)
+        self._take = self._r.register_script(_TAKE)
+        self._url = url
+        self._buckets = TokenBuckets()  # while Redis is down
+        self._subs: dict[str, list[tuple[Callable[[str], None], Callable[[], None]]]] = {}
+        self._listening = False
+        self._listener: threading.Thread | None = None
+        self._outbox: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._publisher: threading.Thread | None = None
+        self._busy: Counter[str] = Counter()
         self._pg = AdvisoryLocks(db_url, deployment)
         self._held: dict[str, int] = {}  # template -> fencing token (Redis lock)
         self._demand: dict[DemandKey, int] = {}  # this replica's own (fallback, renewal)
@@ -180,6 +215,156 @@ class RedisCoordinator:
             with self._lock:
                 return dict(self._demand)
 
+    # -- rate limits -----------------------------------------------------------------------
+
+    def take(self, bucket: str, *, rate_per_s: float, burst: int) -> float:
+        """One token from the shared bucket (this replica's own while Redis is down)."""
+        try:
+            wait = float(self._take(keys=[f"{self._p}rate:{bucket}"], args=[rate_per_s, burst]))
+            if not self._ok:
+                self._fine()
+            return wait
+        except redis.RedisError as e:
+            self._failed("rate limit", e)
+            return self._buckets.take(bucket, rate_per_s=rate_per_s, burst=burst)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def publish(self, channel: str, message: str) -> None:
+        """Queue ``message`` for the publisher thread (started on first use)."""
+        with self._lock:
+            if self._publisher is None and not self._stop.is_set():
+                self._publisher = threading.Thread(
+                    target=self._publish_loop, name="crucible-coord-pub", daemon=True
+                )
+                self._publisher.start()
+        self._outbox.put((channel, message))
+
+    def _publish_loop(self) -> None:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            channel, message = item
+            try:
+                self._r.publish(f"{self._p}chan:{channel}", message)
+            except redis.RedisError as e:
+                self._failed("publish", e)
+                self._deliver(channel, message)  # this replica's subscribers still hear it
+
+    def _deliver(self, channel: str, message: str) -> None:
+        for on_message, _ in list(self._subs.get(channel, ())):
+            try:
+                on_message(message)
+            except Exception:  # noqa: BLE001 - one subscriber must not stop the listener
+                log.exception("subscriber of %s failed", channel)
+
+    def _gap(self) -> None:
+        for subs in list(self._subs.values()):
+            for _, on_gap in subs:
+                with contextlib.suppress(Exception):
+                    on_gap()
+
+    def subscribe(
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+    ) -> None:
+        """Register the callbacks; the listener thread (re)subscribes to every channel."""
+        with self._lock:
+            if channel not in self._subs:
+                self._listening = False  # until the listener has subscribed to it too
+            self._subs.setdefault(channel, []).append((on_message, on_gap))
+            start = self._listener is None and self._thread is not None
+        if start:
+            self._start_listener()
+
+    def listening(self) -> bool:
+        """True while the listener is subscribed to every channel."""
+        return self._listening
+
+    def _start_listener(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                return
+            self._listener = threading.Thread(
+                target=self._listen, name="crucible-coord-sub", daemon=True
+            )
+        self._listener.start()
+
+    def _listen(self) -> None:
+        """Subscribe, dispatch, and on any failure report a gap and reconnect (1 s apart)."""
+        client = redis.Redis.from_url(
+            self._url, socket_connect_timeout=1.0, socket_timeout=5.0, decode_responses=True
+        )
+        n = len(f"{self._p}chan:")
+        while not self._stop.is_set():
+            ps = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                with self._lock:
+                    names = set(self._subs)
+                ps.subscribe(*(f"{self._p}chan:{c}" for c in names))
+                self._listening = True
+                self._gap()  # anything cached before this subscription may be stale
+                while not self._stop.is_set():
+                    with self._lock:
+                        if set(self._subs) != names:
+                            break
+                    m = ps.get_message(timeout=0.5)
+                    if m is not None and m["type"] == "message":
+                        self._deliver(m["channel"][n:], m["data"])
+            except (redis.RedisError, OSError) as e:
+                self._listening = False
+                self._failed("subscribe", e)
+                self._gap()
+                self._stop.wait(1.0)
+            finally:
+                with contextlib.suppress(redis.RedisError, OSError):
+                    ps.close()
+        self._listening = False
+        client.close()
+
+    # -- work in flight --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def track(self, item: str) -> Iterator[None]:
+        """``item`` is in this replica's ``inflight`` set while the context runs."""
+        mine = f"{self._p}inflight:{self.replica_id}"
+        with self._lock:
+            self._busy[item] += 1
+        try:
+            pipe = self._r.pipeline()
+            pipe.sadd(mine, item)
+            pipe.expire(mine, int(self.ttl_s) + 1)
+            pipe.execute()
+        except redis.RedisError as e:
+            self._failed("track", e)  # the heartbeat adds it once Redis answers
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy[item] -= 1
+                gone = self._busy[item] <= 0
+                if gone:
+                    del self._busy[item]
+            if gone:
+                try:
+                    self._r.srem(mine, item)
+                except redis.RedisError as e:
+                    self._failed("untrack", e)
+
+    def in_flight(self) -> set[str] | None:
+        """The union of every live replica's ``inflight`` set; None while Redis is down."""
+        live = self.live_replicas()
+        if live is None:
+            return None
+        try:
+            names = [f"{self._p}inflight:{r}" for r in live]
+            out = set(self._r.sunion(names)) if names else set()
+            with self._lock:
+                return out | set(self._busy)
+        except redis.RedisError as e:
+            self._failed("read in flight", e)
+            return None
+
     # -- replicas --------------------------------------------------------------------------
 
     def live_replicas(self) -> set[str] | None:
@@ -202,6 +387,12 @@ class RedisCoordinator:
             pipe.set(f"{self._p}replica:{self.replica_id}", str(time.time()), ex=int(self.ttl_s))
             pipe.expire(mine, int(self.ttl_s) + 1)
             pipe.hkeys(mine)
+            with self._lock:
+                busy = list(self._busy)
+            flight = f"{self._p}inflight:{self.replica_id}"
+            if busy:
+                pipe.sadd(flight, *busy)
+            pipe.expire(flight, int(self.ttl_s) + 1)
             fields = set(pipe.execute()[2])
             with self._lock:
                 self._demand = {k: n for k, n in self._demand.items() if self._field(k) in fields}
@@ -238,12 +429,16 @@ class RedisCoordinator:
         self._beat()
         self._thread = threading.Thread(target=self._run, name="crucible-coord", daemon=True)
         self._thread.start()
+        if self._subs:
+            self._start_listener()
 
     def close(self) -> None:
         """Stop renewing; delete the heartbeat, demand hash and held locks (best effort)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._outbox.put(None)
+        for t in (self._thread, self._listener, self._publisher):
+            if t is not None:
+                t.join(timeout=5)
         try:
             with self._lock:
                 held = dict(self._held)
@@ -253,7 +448,9 @@ class RedisCoordinator:
                     keys=[f"{self._p}refill:{template}"], args=[f"{self.replica_id}:{token}"]
                 )
             self._r.delete(
-                f"{self._p}replica:{self.replica_id}", f"{self._p}demand:{self.replica_id}"
+                f"{self._p}replica:{self.replica_id}",
+                f"{self._p}demand:{self.replica_id}",
+                f"{self._p}inflight:{self.replica_id}",
             )
         except redis.RedisError as e:
             log.info("redis clean-up at close failed: %s", e)

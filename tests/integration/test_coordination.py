@@ -1,18 +1,28 @@
 """Coordination on a real Redis (``CRUCIBLE_TEST_REDIS_URL``) and real PostgreSQL: one
-refiller per template with fencing, demand shared and expiring with its replica, and the
-fallback (advisory lock, ``degraded`` health) when Redis cannot be reached."""
+refiller per template with fencing, demand shared and expiring with its replica, shared rate
+buckets, messages and work in flight, and the fallback (advisory lock, ``degraded`` health)
+when Redis cannot be reached. Then one in-process control plane over real HTTP: per-tenant
+rate limits, the cached key lookup refusing a revoked key at once, and the event stream."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
+from service import tenants
+from service.config import RateLimit
 from service.coordination.redis import RedisCoordinator
+from service.db.models import Tenant
 from tests.dbutil import postgres_url
+from tests.integration.api.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.postgres
 
@@ -96,3 +106,171 @@ def test_redis_down_falls_back_to_one_refiller_and_says_degraded() -> None:
     finally:
         a.close()
         b.close()
+
+
+def _until(predicate, timeout_s: float = 5.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_rate_bucket_is_shared_between_replicas(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    taken = [a.take("tenant:t", rate_per_s=2.0, burst=3) for _ in range(3)]
+    assert taken == [0.0, 0.0, 0.0]
+    wait = b.take("tenant:t", rate_per_s=2.0, burst=3)
+    assert 0.3 < wait <= 0.5, "the other replica draws from the same, empty bucket"
+    assert b.take("tenant:other", rate_per_s=2.0, burst=3) == 0.0, "buckets are per name"
+    time.sleep(wait + 0.05)
+    assert a.take("tenant:t", rate_per_s=2.0, burst=3) == 0.0, "refilled at the rate"
+
+
+def test_messages_reach_every_replica(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    gaps = {"a": 0}
+    a.subscribe("c", got["a"].append, lambda: gaps.__setitem__("a", gaps["a"] + 1))
+    b.subscribe("c", got["b"].append, lambda: None)
+    a.start()
+    b.start()
+    assert _until(lambda: a.listening() and b.listening())
+    assert gaps["a"] >= 1, "a new subscription reports a gap (what was cached may be stale)"
+    a.publish("c", "hello")
+    assert _until(lambda: got["a"] == ["hello"] and got["b"] == ["hello"]), got
+
+
+def test_work_in_flight_is_seen_by_others_and_dies_with_its_replica(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    a.start()
+    b.start()
+    with a.track("sb:x"):
+        assert "sb:x" in b.in_flight()
+        with a.track("sb:x"):  # nested: still in flight after the inner one ends
+            pass
+        assert "sb:x" in b.in_flight()
+    assert "sb:x" not in b.in_flight()
+    with a.track("c:y"):
+        a._stop.set()  # a dies mid-way: its set expires with its heartbeat
+        a._thread.join()
+        time.sleep(3.0)
+        assert "c:y" not in b.in_flight()
+
+
+def test_without_redis_nothing_is_trusted_from_memory() -> None:
+    down = RedisCoordinator(DOWN, deployment="x", db_url=postgres_url(), ttl_s=1.5)
+    try:
+        assert down.in_flight() is None, "unknown, so recovery touches nothing"
+        assert not down.listening(), "so the key cache reads every key from the database"
+        assert down.take("tenant:t", rate_per_s=1.0, burst=1) == 0.0  # this replica's bucket
+        assert down.take("tenant:t", rate_per_s=1.0, burst=1) > 0.0
+    finally:
+        down.close()
+
+
+# -- one control plane over HTTP ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from start_stack(
+        tmp_path_factory.mktemp("limited"),
+        pool_targets={},
+        rate_limits={"alice": RateLimit(rps=0.5, burst=3), "admin": None},
+        rate_limit=RateLimit(rps=1000, burst=1000),
+        key_cache_ttl_s=60.0,
+    )
+
+
+def _key_id(client: httpx.Client) -> str:
+    return client.headers["authorization"].split("_")[1]
+
+
+@pytest.mark.docker
+def test_a_tenant_over_its_rate_gets_429_with_retry_after(limited: Stack) -> None:
+    got = [limited.alice.get("/v1/sandboxes").status_code for _ in range(3)]
+    assert got == [200, 200, 200], "the burst passes"
+    r = limited.alice.get("/v1/sandboxes")
+    assert r.status_code == 429, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["field"] == "rate_limit" and "0.5 requests/s" in r.json()["detail"]
+    assert 1 <= int(r.headers["retry-after"]) <= 2
+    r = limited.alice.post("/v1/sandboxes", json={"template": "terminal"})
+    assert r.status_code == 429, "refused before anything is leased"
+    with limited.ctx.db.read() as s:
+        assert s.get(Tenant, "alice").used_sandboxes == 0
+    assert [limited.bob.get("/v1/sandboxes").status_code for _ in range(10)] == [200] * 10, (
+        "another tenant has its own bucket (the default limit)"
+    )
+
+
+@pytest.mark.docker
+def test_a_revoked_key_is_refused_at_once_though_cached(limited: Stack) -> None:
+    carol = _new_client(limited, "carol")
+    assert carol.get("/v1/sandboxes").status_code == 200  # cached now, for 60 s
+    r = limited.admin.delete(f"/v1/keys/{_key_id(carol)}")
+    assert r.status_code == 204, r.text
+    r = carol.get("/v1/sandboxes")
+    assert r.status_code == 401 and r.headers["content-type"].startswith("application/problem")
+    assert limited.admin.delete(f"/v1/keys/{_key_id(carol)}").status_code == 404
+    assert limited.bob.delete(f"/v1/keys/{_key_id(limited.bob)}").status_code == 403
+    assert limited.admin.delete("/v1/keys/not-hex").status_code == 422
+
+
+def _new_client(stack: Stack, tenant: str) -> httpx.Client:
+    with stack.ctx.db.session() as s:
+        tenants.create_tenant(s, tenant, max_sandboxes=4, max_cpus=4, max_memory_mb=1 << 13)
+        key = tenants.create_key(s, tenant, scopes=set())
+    return stack.make_client(key)
+
+
+class _Events:
+    """Reads ``GET /v1/events`` on a thread and keeps every parsed event."""
+
+    def __init__(self, client: httpx.Client, **params: str) -> None:
+        self.events: list[dict] = []
+        self.open = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(client, params), daemon=True)
+        self._thread.start()
+        assert self.open.wait(10), "the stream did not open"
+
+    def _read(self, client: httpx.Client, params: dict[str, str]) -> None:
+        with client.stream("GET", "/v1/events", params={"max_s": "20", **params}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            self.open.set()
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(json.loads(line[6:]))
+
+    def actions(self) -> list[str]:
+        return [e["action"] for e in self.events]
+
+
+@pytest.mark.docker
+def test_the_event_stream_shows_a_tenant_its_own_events_as_they_commit(limited: Stack) -> None:
+    dave, erin = _new_client(limited, "dave"), _new_client(limited, "erin")
+    mine, theirs = _Events(dave, actions="sandbox."), _Events(erin)
+    admin = _Events(limited.admin, actions="sandbox.,pool.")
+    r = dave.post("/v1/sandboxes", json={"template": "tiny"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert dave.delete(f"/v1/sandboxes/{sid}").status_code == 200
+    want = ["sandbox.lease", "sandbox.release"]
+    assert _until(lambda: mine.actions() == want, 10), mine.events
+    assert mine.events[0]["sandbox_id"] == sid and mine.events[0]["tenant_id"] == "dave"
+    assert _until(lambda: {"sandbox.lease", "sandbox.release"} <= set(admin.actions()), 10)
+    time.sleep(0.5)
+    assert theirs.events == [], "another tenant sees nothing of it"
+    r = dave.get("/v1/events", params={"actions": "bad prefix!"})
+    assert r.status_code == 422 and r.json()["field"] == "actions"
+
+
+def test_a_bad_rate_limit_setting_names_its_field(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from service.config import Settings
+
+    with pytest.raises(ValidationError, match="rate_limits"):
+        Settings(data_dir=tmp_path, rate_limits={"t": {"rps": 0, "burst": 1}})
