@@ -9,8 +9,10 @@ hundred rows:
 - ``cells``: per (domain, task, time bucket), verified records (status ok with a reward)
   and how many of them passed (``reward >= threshold``);
 - ``statuses``: per (task, domain), records by verifier status, and the newest time;
-- ``values``: per (task, domain, group, reward), how many verified records scored it,
-  so histograms and group spreads are exact (``stats``) without reading each record.
+- ``rewards``: per (domain, reward), how many verified records scored it (histograms);
+- ``groups``: per (task, group, reward), how many verified records scored it, for the
+  groups with two or more verified members (the only ones with a spread), so group
+  statistics are exact (``stats``) without reading each record.
 
 A bucket's start is ``floor(epoch_s / width) * width`` (epoch seconds, UTC), which for a
 whole-second ``width`` equals the same division of the fractional timestamp.
@@ -22,7 +24,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Select, and_, case, cast, extract, func, select
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    and_,
+    case,
+    cast,
+    extract,
+    func,
+    select,
+)
 
 from service.db.engine import Database
 from service.db.models import RewardRecordRow
@@ -55,11 +67,19 @@ class StatusCount:
 
 
 @dataclass(frozen=True)
-class ValueCount:
-    """Verified records of one (task, domain, group) that scored exactly ``reward``."""
+class RewardCount:
+    """Verified records of one domain that scored exactly ``reward``."""
+
+    domain: str
+    reward: float
+    count: int
+
+
+@dataclass(frozen=True)
+class GroupValue:
+    """Verified records of one (task, group) that scored exactly ``reward``."""
 
     task_id: str
-    domain: str
     group_id: str
     reward: float
     count: int
@@ -76,7 +96,8 @@ class RewardAggregates:
     bucket_s: int
     cells: list[Cell]
     statuses: list[StatusCount]
-    values: list[ValueCount]
+    rewards: list[RewardCount]
+    groups: list[GroupValue]
 
 
 def _newest(tenant: str | None, domain: str | None, limit: int) -> Any:
@@ -129,7 +150,7 @@ def aggregates(
             select(func.count(), func.min(c.created_at), func.max(c.created_at))
         ).one()
         if not n:
-            return RewardAggregates(0, None, None, bucket_width(None, None), [], [], [])
+            return RewardAggregates(0, None, None, bucket_width(None, None), [], [], [], [])
         oldest, newest = _utc(oldest), _utc(newest)
         width = int(bucket_width(oldest, newest))
         epoch = _epoch_s(db, c.created_at)
@@ -156,15 +177,35 @@ def aggregates(
                 ).group_by(c.task_id, c.domain, c.status)
             )
         ]
-        values = [
-            ValueCount(t, d, g, float(r), int(k))
-            for t, d, g, r, k in s.execute(
-                select(c.task_id, c.domain, c.group_id, c.reward, func.count())
+        counted = [
+            RewardCount(d, float(r), int(k))
+            for d, r, k in s.execute(
+                select(c.domain, c.reward, func.count())
                 .where(verified)
-                .group_by(c.task_id, c.domain, c.group_id, c.reward)
+                .group_by(c.domain, c.reward)
             )
         ]
-    return RewardAggregates(int(n), oldest, newest, width, cells, statuses, values)
+        per_value = (
+            select(
+                c.task_id,
+                c.group_id,
+                c.reward,
+                func.count().label("k"),
+                func.sum(func.count()).over(partition_by=(c.task_id, c.group_id)).label("size"),
+            )
+            .where(verified)
+            .group_by(c.task_id, c.group_id, c.reward)
+            .subquery()
+        )
+        groups = [
+            GroupValue(t, g, float(r), int(k))
+            for t, g, r, k in s.execute(
+                select(
+                    per_value.c.task_id, per_value.c.group_id, per_value.c.reward, per_value.c.k
+                ).where(per_value.c.size >= 2)
+            )
+        ]
+    return RewardAggregates(int(n), oldest, newest, width, cells, statuses, counted, groups)
 
 
 def _utc(value: datetime | str) -> datetime:

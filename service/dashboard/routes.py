@@ -431,8 +431,8 @@ def rewards_page(
             {k: by_task[k] for k in sorted(busiest)}, title="pass rate per task (busiest)"
         ),
         bucket_s=agg.bucket_s,
-        hists={d: charts.histogram(h, title=d) for d, h in stats.histograms(agg.values).items()},
-        tasks=stats.task_summaries(agg.statuses, agg.values),
+        hists={d: charts.histogram(h, title=d) for d, h in stats.histograms(agg.rewards).items()},
+        tasks=stats.task_summaries(agg.statuses, agg.cells, agg.groups),
         rates=rates,
         checks=sorted(monitor.anomalies, key=lambda a: (not a.flagged, a.scope, a.key))[:100],
         bar=charts.stacked_bar,

@@ -22,8 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from service.anomaly import DEFAULT_PASS_THRESHOLD
-from service.dashboard.reward_queries import Cell, StatusCount, ValueCount
+from service.dashboard.reward_queries import Cell, GroupValue, RewardCount, StatusCount
 from service.rewards import group_moments
 
 MAX_BUCKETS = 30
@@ -71,11 +70,11 @@ class Histogram:
     counts: list[int]
 
 
-def histograms(values: list[ValueCount]) -> dict[str, Histogram]:
+def histograms(rewards: list[RewardCount]) -> dict[str, Histogram]:
     """The reward histogram of each domain (module docstring)."""
-    per: dict[str, dict[float, int]] = defaultdict(lambda: defaultdict(int))
-    for v in values:
-        per[v.domain][v.reward] += v.count
+    per: dict[str, dict[float, int]] = defaultdict(dict)
+    for v in rewards:
+        per[v.domain][v.reward] = v.count
     out = {}
     for domain, counted in sorted(per.items()):
         lo, hi = min(0.0, min(counted)), max(1.0, max(counted))
@@ -101,12 +100,11 @@ class TaskSummary:
 
 
 def task_summaries(
-    statuses: list[StatusCount],
-    values: list[ValueCount],
-    *,
-    threshold: float = DEFAULT_PASS_THRESHOLD,
+    statuses: list[StatusCount], cells: list[Cell], groups: list[GroupValue]
 ) -> list[TaskSummary]:
-    """Per task, sorted by task id; a task's domain is that of its newest record."""
+    """Per task, sorted by task id; a task's domain is that of its newest record. The pass
+    rate is the cells' passed over verified; ``groups`` holds the groups with two or more
+    verified members."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     newest: dict[str, StatusCount] = {}
     for st in statuses:
@@ -114,21 +112,23 @@ def task_summaries(
         seen = newest.get(st.task_id)
         if seen is None or (st.newest, st.domain) > (seen.newest, seen.domain):
             newest[st.task_id] = st
-    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for v in values:
-        groups[v.task_id][v.group_id] += [v.reward] * v.count
+    tally: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for c in cells:
+        tally[c.task_id][0] += c.verified
+        tally[c.task_id][1] += c.passed
+    members: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for v in groups:
+        members[v.task_id][v.group_id] += [v.reward] * v.count
     out = []
     for task in sorted(counts):
-        verified = [r for g in groups[task].values() for r in g]
-        stds = [group_moments(g)[1] for g in groups[task].values() if len(g) >= 2]
+        verified, passed = tally[task]
+        stds = [group_moments(g)[1] for g in members[task].values()]
         out.append(
             TaskSummary(
                 task_id=task,
                 domain=newest[task].domain,
                 statuses=dict(counts[task]),
-                pass_rate=sum(r >= threshold for r in verified) / len(verified)
-                if verified
-                else None,
+                pass_rate=passed / verified if verified else None,
                 groups=len(stds),
                 mean_group_std=math.fsum(stds) / len(stds) if stds else None,
                 flat_group_share=sum(s == 0.0 for s in stds) / len(stds) if stds else None,

@@ -146,8 +146,8 @@ def test_aggregates_equal_a_plain_pass_over_the_records(
     assert len(want["plots"]["domain"][domain or "cad"]) > 10
     for by in ("domain", "task_id"):
         assert stats.pass_rate_series(agg.cells, by=by) == want["plots"][by]
-    assert stats.histograms(agg.values) == want["hists"]
-    got = stats.task_summaries(agg.statuses, agg.values)
+    assert stats.histograms(agg.rewards) == want["hists"]
+    got = stats.task_summaries(agg.statuses, agg.cells, agg.groups)
     assert got == want["tasks"]
     assert any(t.flat_group_share for t in got) and any(t.mean_group_std for t in got)
 
@@ -157,7 +157,7 @@ def test_aggregates_of_nothing(db: Database) -> None:
     agg = reward_queries.aggregates(
         db, tenant="nobody", domain=None, bucket_width=stats.bucket_width_s, threshold=1.0
     )
-    assert (agg.n, agg.cells, agg.statuses, agg.values) == (0, [], [], [])
+    assert (agg.n, agg.cells, agg.statuses, agg.rewards, agg.groups) == (0, [], [], [], [])
     assert agg.bucket_s == stats.BUCKET_WIDTHS_S[0]
 
 
