@@ -11,12 +11,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import func, inspect, select
 
 from service import anomaly, rewards
 from service.dashboard import reward_queries, stats
 from service.dashboard.monitor import MonitorCache
-from service.db.engine import Database
+from service.db.engine import MIGRATIONS_DIR, Database
 from service.db.models import RewardRecordRow
 from service.rewards import group_moments
 from tests.integration.db.test_rewards_store import T0, _tenants, make
@@ -181,3 +183,43 @@ def test_monitor_cache_keeps_a_result_until_records_change_or_it_expires(db: Dat
     now[0] = 3.0  # the interval is over: computed again
     third = cache.get(db, None)
     assert third is not second and third == second
+
+
+def _indexes(db: Database, table: str) -> set[str]:
+    return {ix["name"] for ix in inspect(db.engine).get_indexes(table)}
+
+
+def _alembic(db: Database, verb: str, target: str) -> None:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        getattr(command, verb)(cfg, target)
+
+
+def test_covering_indexes_serve_the_newest_records_and_migrate_both_ways(db: Database) -> None:
+    _seed(db, n=40)
+    plot = {"ix_rewards_plot", "ix_rewards_tenant_plot", "ix_rewards_domain_plot"}
+    assert plot <= _indexes(db, "reward_records")
+    assert "ix_rewards_created" not in _indexes(db, "reward_records")
+    assert "ix_audit_tenant_action" in _indexes(db, "audit_events")
+    if db.engine.dialect.name == "sqlite":  # the page's scans never read a record's row
+        for tenant, domain, index in [
+            (None, None, "ix_rewards_plot"),
+            ("acme", None, "ix_rewards_tenant_plot"),
+            (None, "cad", "ix_rewards_domain_plot"),
+        ]:
+            sq = reward_queries._newest(tenant, domain, 10_000)
+            sql = (
+                select(func.count())
+                .select_from(sq)
+                .compile(db.engine, compile_kwargs={"literal_binds": True})
+            )
+            with db.engine.connect() as conn:
+                plan = " ".join(r[-1] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+            assert f"COVERING INDEX {index}" in plan, plan
+    _alembic(db, "downgrade", "0007_checkpoints")
+    assert not plot & _indexes(db, "reward_records")
+    assert "ix_rewards_created" in _indexes(db, "reward_records")
+    _alembic(db, "upgrade", "head")
+    assert plot <= _indexes(db, "reward_records")
