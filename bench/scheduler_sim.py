@@ -23,7 +23,11 @@ size, not the same tasks; aging keeps every task sampled.
 Prints idle fraction, long-tail share of groups and makespan, and the ratios against FIFO.
 Deterministic for a given ``--seed``. Usage::
 
-    .venv/bin/python bench/scheduler_sim.py [--groups 10000] [--seed 0]
+    .venv/bin/python bench/scheduler_sim.py [--groups 10000] [--seed 0] [--real]
+
+``--real`` adds a real run on this machine (``bench/scheduler_real.py``: FIFO against
+Crucible's scheduler on a real server over the bundled suites, oracle policy), printed in
+the same layout below the simulation's ratios.
 """
 
 from __future__ import annotations
@@ -237,6 +241,12 @@ def main() -> None:
     p.add_argument("--warm-s", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=1800.0, help="every sample's cap (both)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--real", action="store_true", help="also a real run (bench/scheduler_real)")
+    p.add_argument("--real-groups", type=int, default=12)
+    p.add_argument("--real-group-size", type=int, default=2)
+    p.add_argument("--real-concurrency", type=int, default=2)
+    p.add_argument("--real-batch", type=int, default=2, help="groups per consumer step")
+    p.add_argument("--real-step-s", type=float, default=10.0)
     a = p.parse_args()
     kw = dict(
         groups=a.groups,
@@ -264,6 +274,18 @@ def main() -> None:
         fv, xv, cv = get(f), get(x), get(c)
         print(f"{name:20}{fv:11.4g}{xv:11.4g}{cv:11.4g}{xv / fv:10.3f}{cv / fv:10.3f}")
     print(f"crucible's straggler policy cut {c.stragglers} of {a.groups * a.group_size} samples")
+    if a.real:
+        import scheduler_real  # noqa: PLC0415 - needs Docker and the server (bench/ on sys.path)
+
+        real = scheduler_real.run_real(
+            groups=a.real_groups,
+            group_size=a.real_group_size,
+            concurrency=a.real_concurrency,
+            batch=a.real_batch,
+            step_s=a.real_step_s,
+        )
+        print()
+        scheduler_real.print_real(real, group_size=a.real_group_size)
 
 
 if __name__ == "__main__":
