@@ -15,10 +15,17 @@ from policy_client.schemas import (
     FileOut,
     ForkOut,
     JobOut,
+    OutputOut,
+    ProcessList,
+    ProcessOut,
     RewardPage,
     RewardRecord,
+    RunOut,
     SandboxList,
     SandboxOut,
+    ScreenOut,
+    SessionList,
+    SessionOut,
     SnapshotOut,
     TaskList,
     TaskOut,
@@ -105,6 +112,131 @@ def exec_(sandbox_id: str, cmd: str | list[str], **options: Any) -> Call:
         json=_drop_none({"cmd": cmd, **options}),
         model=ExecOut,
     )
+
+
+# Sessions and kept processes: starting one, sending keys or stdin, signals and runs are
+# never retried (they would act twice); reads are.
+
+
+def create_session(sandbox_id: str, **options: Any) -> Call:
+    """Options: shell, pty, rows, cols, env, cwd, max_output_bytes, user."""
+    return Call(
+        "POST", f"/v1/sandboxes/{sandbox_id}/sessions", json=_drop_none(options), model=SessionOut
+    )
+
+
+def list_sessions(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{sandbox_id}/sessions", idempotent=True, model=SessionList)
+
+
+def session_run(sandbox_id: str, session_id: str, command: str, *, timeout_s: float) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/sessions/{session_id}/run",
+        json={"command": command, "timeout_s": timeout_s},
+        model=RunOut,
+    )
+
+
+def send_keys(
+    sandbox_id: str,
+    session_id: str,
+    *,
+    text: str | None = None,
+    keys: list[str] | None = None,
+    data_b64: str | None = None,
+) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/sessions/{session_id}/keys",
+        json=_drop_none({"text": text, "keys": keys or None, "data_b64": data_b64}),
+        empty_ok=True,
+    )
+
+
+def screen(sandbox_id: str, session_id: str, *, wait_s: float = 0.0) -> Call:
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{sandbox_id}/sessions/{session_id}/screen",
+        params={"wait_s": wait_s} if wait_s else {},
+        idempotent=True,
+        model=ScreenOut,
+    )
+
+
+def resize_session(sandbox_id: str, session_id: str, *, rows: int, cols: int) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/sessions/{session_id}/resize",
+        json={"rows": rows, "cols": cols},
+        idempotent=True,
+        empty_ok=True,
+    )
+
+
+def close_session(sandbox_id: str, session_id: str) -> Call:
+    return Call("DELETE", f"/v1/sandboxes/{sandbox_id}/sessions/{session_id}", empty_ok=True)
+
+
+def start_process(sandbox_id: str, cmd: str | list[str], **options: Any) -> Call:
+    """Options: cwd, env, max_output_bytes, user."""
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/processes",
+        json=_drop_none({"cmd": cmd, **options}),
+        model=ProcessOut,
+    )
+
+
+def list_processes(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{sandbox_id}/processes", idempotent=True, model=ProcessList)
+
+
+def get_process(sandbox_id: str, handle: int) -> Call:
+    return Call(
+        "GET", f"/v1/sandboxes/{sandbox_id}/processes/{handle}", idempotent=True, model=ProcessOut
+    )
+
+
+def process_output(
+    sandbox_id: str, handle: int, *, stream: str = "stdout", offset: int = 0, wait_s: float = 0.0
+) -> Call:
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{sandbox_id}/processes/{handle}/output",
+        params={"stream": stream, "offset": offset, "wait_s": wait_s},
+        idempotent=True,
+        model=OutputOut,
+    )
+
+
+def write_stdin(
+    sandbox_id: str,
+    handle: int,
+    *,
+    data: str | None = None,
+    data_b64: str | None = None,
+    close: bool = False,
+) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/processes/{handle}/stdin",
+        json=_drop_none({"data": data, "data_b64": data_b64, "close": close}),
+        model=ProcessOut,
+    )
+
+
+def signal_process(sandbox_id: str, handle: int, *, signal: int = 15, grace_ms: int = 500) -> Call:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/processes/{handle}/signal",
+        json={"signal": signal, "grace_ms": grace_ms},
+        model=ProcessOut,
+    )
+
+
+def release_process(sandbox_id: str, handle: int) -> Call:
+    return Call("DELETE", f"/v1/sandboxes/{sandbox_id}/processes/{handle}", empty_ok=True)
 
 
 def put_file(sandbox_id: str, path: str, data: bytes, *, tar: bool = False) -> Call:

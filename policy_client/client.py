@@ -59,10 +59,17 @@ from policy_client.schemas import (
     FileOut,
     ForkOut,
     JobOut,
+    OutputOut,
+    ProcessList,
+    ProcessOut,
     RewardPage,
     RewardRecord,
+    RunOut,
     SandboxList,
     SandboxOut,
+    ScreenOut,
+    SessionList,
+    SessionOut,
     SnapshotOut,
     TaskList,
     TaskOut,
@@ -329,6 +336,107 @@ class Client(_Base):
                         yield _stream_item(line)
         except httpx.TransportError as e:
             raise TransportError(f"POST {call.path}?stream=true: {e}") from e
+
+    # -- sessions and kept processes
+
+    def create_session(self, sandbox_id: str, **options: Any) -> SessionOut:
+        """Start a shell session (options: shell, pty, rows, cols, env, cwd, max_output_bytes,
+        user); its first prompt is on the screen when this returns."""
+        return self.run(calls.create_session(sandbox_id, **options))
+
+    def list_sessions(self, sandbox_id: str) -> SessionList:
+        """The sandbox's sessions."""
+        return self.run(calls.list_sessions(sandbox_id))
+
+    def session_run(
+        self, sandbox_id: str, session_id: str, command: str, *, timeout_s: float = 60.0
+    ) -> RunOut:
+        """Run one command line in a bash session; answered when the shell prompts again (its
+        output and exit code) or after ``timeout_s`` seconds. Never retried."""
+        return self.run(
+            calls.session_run(sandbox_id, session_id, command, timeout_s=timeout_s),
+            timeout_s=timeout_s + 30,
+        )
+
+    def send_keys(
+        self,
+        sandbox_id: str,
+        session_id: str,
+        *,
+        text: str | None = None,
+        keys: list[str] | None = None,
+        data_b64: str | None = None,
+    ) -> None:
+        """Send ``text``, then named ``keys`` (``Enter``, ``C-c``, ``Up``...), then raw
+        ``data_b64`` to the session's terminal. Never retried (keys would arrive twice)."""
+        self.run(calls.send_keys(sandbox_id, session_id, text=text, keys=keys, data_b64=data_b64))
+
+    def screen(self, sandbox_id: str, session_id: str, *, wait_s: float = 0.0) -> ScreenOut:
+        """The session's screen and scrollback as a terminal emulator renders them; ``wait_s``
+        seconds at most for new output first."""
+        return self.run(calls.screen(sandbox_id, session_id, wait_s=wait_s), timeout_s=wait_s + 30)
+
+    def resize_session(self, sandbox_id: str, session_id: str, *, rows: int, cols: int) -> None:
+        """Resize the session's terminal."""
+        self.run(calls.resize_session(sandbox_id, session_id, rows=rows, cols=cols))
+
+    def close_session(self, sandbox_id: str, session_id: str) -> None:
+        """End the session (its shell and everything it started)."""
+        self.run(calls.close_session(sandbox_id, session_id))
+
+    def start_process(self, sandbox_id: str, cmd: str | list[str], **options: Any) -> ProcessOut:
+        """Start ``cmd`` detached (options: cwd, env, max_output_bytes, user); the handle
+        outlives this call. Never retried."""
+        return self.run(calls.start_process(sandbox_id, cmd, **options))
+
+    def list_processes(self, sandbox_id: str) -> ProcessList:
+        """The sandbox's background processes, oldest first."""
+        return self.run(calls.list_processes(sandbox_id))
+
+    def get_process(self, sandbox_id: str, handle: int) -> ProcessOut:
+        """One background process's state."""
+        return self.run(calls.get_process(sandbox_id, handle))
+
+    def process_output(
+        self,
+        sandbox_id: str,
+        handle: int,
+        *,
+        stream: str = "stdout",
+        offset: int = 0,
+        wait_s: float = 0.0,
+    ) -> OutputOut:
+        """A stream's bytes from ``offset`` (kept while nobody read); ``next`` is where to go on;
+        ``wait_s`` seconds at most for bytes past ``offset``."""
+        return self.run(
+            calls.process_output(sandbox_id, handle, stream=stream, offset=offset, wait_s=wait_s),
+            timeout_s=wait_s + 30,
+        )
+
+    def write_stdin(
+        self,
+        sandbox_id: str,
+        handle: int,
+        *,
+        data: str | None = None,
+        data_b64: str | None = None,
+        close: bool = False,
+    ) -> ProcessOut:
+        """Write to a running process's stdin (then close it with ``close``). Never retried."""
+        return self.run(
+            calls.write_stdin(sandbox_id, handle, data=data, data_b64=data_b64, close=close)
+        )
+
+    def signal_process(
+        self, sandbox_id: str, handle: int, *, signal: int = 15, grace_ms: int = 500
+    ) -> ProcessOut:
+        """Signal the process and everything it started (SIGTERM escalates to SIGKILL after
+        ``grace_ms``)."""
+        return self.run(calls.signal_process(sandbox_id, handle, signal=signal, grace_ms=grace_ms))
+
+    def release_process(self, sandbox_id: str, handle: int) -> None:
+        """Kill the process tree and forget the handle."""
+        self.run(calls.release_process(sandbox_id, handle))
 
     def put_file(self, sandbox_id: str, path: str, data: bytes, *, tar: bool = False) -> FileOut:
         """Upload bytes to ``path`` (or extract a tar into directory ``path``)."""
@@ -767,6 +875,117 @@ class AsyncClient(_Base):
                         yield _stream_item(line)
         except httpx.TransportError as e:
             raise TransportError(f"POST {call.path}?stream=true: {e}") from e
+
+    # -- sessions and kept processes
+
+    async def create_session(self, sandbox_id: str, **options: Any) -> SessionOut:
+        """Start a shell session (options: shell, pty, rows, cols, env, cwd, max_output_bytes,
+        user); its first prompt is on the screen when this returns."""
+        return await self.run(calls.create_session(sandbox_id, **options))
+
+    async def list_sessions(self, sandbox_id: str) -> SessionList:
+        """The sandbox's sessions."""
+        return await self.run(calls.list_sessions(sandbox_id))
+
+    async def session_run(
+        self, sandbox_id: str, session_id: str, command: str, *, timeout_s: float = 60.0
+    ) -> RunOut:
+        """Run one command line in a bash session; answered when the shell prompts again (its
+        output and exit code) or after ``timeout_s`` seconds. Never retried."""
+        return await self.run(
+            calls.session_run(sandbox_id, session_id, command, timeout_s=timeout_s),
+            timeout_s=timeout_s + 30,
+        )
+
+    async def send_keys(
+        self,
+        sandbox_id: str,
+        session_id: str,
+        *,
+        text: str | None = None,
+        keys: list[str] | None = None,
+        data_b64: str | None = None,
+    ) -> None:
+        """Send ``text``, then named ``keys`` (``Enter``, ``C-c``, ``Up``...), then raw
+        ``data_b64`` to the session's terminal. Never retried (keys would arrive twice)."""
+        await self.run(
+            calls.send_keys(sandbox_id, session_id, text=text, keys=keys, data_b64=data_b64)
+        )
+
+    async def screen(self, sandbox_id: str, session_id: str, *, wait_s: float = 0.0) -> ScreenOut:
+        """The session's screen and scrollback as a terminal emulator renders them; ``wait_s``
+        seconds at most for new output first."""
+        return await self.run(
+            calls.screen(sandbox_id, session_id, wait_s=wait_s), timeout_s=wait_s + 30
+        )
+
+    async def resize_session(
+        self, sandbox_id: str, session_id: str, *, rows: int, cols: int
+    ) -> None:
+        """Resize the session's terminal."""
+        await self.run(calls.resize_session(sandbox_id, session_id, rows=rows, cols=cols))
+
+    async def close_session(self, sandbox_id: str, session_id: str) -> None:
+        """End the session (its shell and everything it started)."""
+        await self.run(calls.close_session(sandbox_id, session_id))
+
+    async def start_process(
+        self, sandbox_id: str, cmd: str | list[str], **options: Any
+    ) -> ProcessOut:
+        """Start ``cmd`` detached (options: cwd, env, max_output_bytes, user); the handle
+        outlives this call. Never retried."""
+        return await self.run(calls.start_process(sandbox_id, cmd, **options))
+
+    async def list_processes(self, sandbox_id: str) -> ProcessList:
+        """The sandbox's background processes, oldest first."""
+        return await self.run(calls.list_processes(sandbox_id))
+
+    async def get_process(self, sandbox_id: str, handle: int) -> ProcessOut:
+        """One background process's state."""
+        return await self.run(calls.get_process(sandbox_id, handle))
+
+    async def process_output(
+        self,
+        sandbox_id: str,
+        handle: int,
+        *,
+        stream: str = "stdout",
+        offset: int = 0,
+        wait_s: float = 0.0,
+    ) -> OutputOut:
+        """A stream's bytes from ``offset`` (kept while nobody read); ``next`` is where to go on;
+        ``wait_s`` seconds at most for bytes past ``offset``."""
+        return await self.run(
+            calls.process_output(sandbox_id, handle, stream=stream, offset=offset, wait_s=wait_s),
+            timeout_s=wait_s + 30,
+        )
+
+    async def write_stdin(
+        self,
+        sandbox_id: str,
+        handle: int,
+        *,
+        data: str | None = None,
+        data_b64: str | None = None,
+        close: bool = False,
+    ) -> ProcessOut:
+        """Write to a running process's stdin (then close it with ``close``). Never retried."""
+        return await self.run(
+            calls.write_stdin(sandbox_id, handle, data=data, data_b64=data_b64, close=close)
+        )
+
+    async def signal_process(
+        self, sandbox_id: str, handle: int, *, signal: int = 15, grace_ms: int = 500
+    ) -> ProcessOut:
+        """Signal the process and everything it started (SIGTERM escalates to SIGKILL after
+        ``grace_ms``)."""
+        return await self.run(
+            calls.signal_process(sandbox_id, handle, signal=signal, grace_ms=grace_ms)
+        )
+
+    async def release_process(self, sandbox_id: str, handle: int) -> None:
+        """Kill the process tree and forget the handle."""
+        await self.run(calls.release_process(sandbox_id, handle))
 
     async def put_file(
         self, sandbox_id: str, path: str, data: bytes, *, tar: bool = False

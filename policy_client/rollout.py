@@ -39,6 +39,11 @@ Bounded staleness: every claim carries ``RolloutConfig.policy_version`` (the tra
 after each weight update); a job with ``max_staleness`` refuses such a claim (``run_job``
 raises the server's ``ConflictError``) or flags its samples.
 
+Session episodes (``RolloutConfig(mode="session")``, ``session_episode.py``): the episode opens
+a bash session on a pseudo-terminal in the workdir, the policy answers Terminus-style JSON
+(``session_prompt.py``: keystrokes + duration, ``task_complete``), and each turn sends keys
+and reads the screen; its trajectory turn records the ``keys`` sent and the ``screen`` read.
+
 A group whose samples all took the same actions while the policy samples at a temperature
 above 0 is suspicious (a seed repeated per request, a server ignoring the temperature): the
 runner logs a warning and keeps it in ``warnings``.
@@ -57,7 +62,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from policy_client.calls import Call
 from policy_client.client import AsyncClient, Client
@@ -78,7 +83,14 @@ from policy_client.policies.base import (
     Traffic,
 )
 from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, parse_action
-from policy_client.schemas import EpisodeOut, RewardRecord, WorkItemOut
+from policy_client.schemas import EpisodeOut, RewardRecord, ScreenOut, SessionOut, WorkItemOut
+from policy_client.session_episode import play_turn, turn_record
+from policy_client.session_prompt import (
+    SESSION_PROMPT_VERSION,
+    parse_keys_action,
+    screen_observation,
+    session_initial_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +120,11 @@ class RolloutConfig:
     exec_timeout_s: float = 180.0
     claim_lease_s: float = 60.0  # the claim lapses this long after the worker's last beat
     traffic: Traffic = "batch"  # PolicyRequest.traffic of every request
+    # "exec": each turn one command (prompt.py); "session": each turn keys sent to a PTY
+    # session, then the screen read (session_prompt.py, session_episode.py)
+    mode: Literal["exec", "session"] = "exec"
+    session_rows: int = 24
+    session_cols: int = 80
     checkpoint_every: int = 0  # turns between episode checkpoints (0: none, no resume)
     # The version of the weights sampling now (a trainer sets it after each update); every
     # claim carries it, so a job's max_staleness refuses or flags claims from older ones.
@@ -390,8 +407,21 @@ class RolloutRunner:
         stop = "max_turns"
         spent_s = (traj.policy_ms + traj.env_ms) / 1e3
         deadline = time.monotonic() + ep.agent_timeout_s - spent_s
+        session: SessionOut | None = None
+        screen: ScreenOut | None = None
         try:
             await asyncio.to_thread(self.policy.prepare, ctx, self.sync_client)
+            if self.config.mode == "session":
+                session = await self.client.create_session(
+                    ep.sandbox_id,
+                    cwd=ep.workdir,
+                    rows=self.config.session_rows,
+                    cols=self.config.session_cols,
+                )
+                screen = await self.client.screen(ep.sandbox_id, session.id)
+                if resumed is None:
+                    messages = session_initial_messages(ep.instruction, screen)
+                    traj.prompt_messages = list(messages)
             for turn in range(first, self.config.max_turns):
                 if every and turn > first and turn % every == 0:
                     await self._checkpoint(ep, turn, messages, traj)
@@ -419,6 +449,15 @@ class RolloutRunner:
                 if action.context_exhausted:
                     stop = "context_length"
                     break
+                if session is not None and screen is not None:
+                    messages.append({"role": "assistant", "content": action.text})
+                    done, screen = await self._session_turn(
+                        ep, session.id, action.text, screen, messages, traj, deadline
+                    )
+                    if done:
+                        stop = "complete"
+                        break
+                    continue
                 parsed = parse_action(action.text)
                 messages.append({"role": "assistant", "content": action.text})
                 if parsed.done:
@@ -460,11 +499,49 @@ class RolloutRunner:
             stop = "error"
             traj.error = f"{type(e).__name__}: {e}"
         finally:
+            if session is not None:
+                with contextlib.suppress(ClientError):  # verification ends it anyway
+                    await self.client.close_session(ep.sandbox_id, session.id)
             await asyncio.to_thread(self.policy.end_episode, ep.id)
-        record = await self.client.verify(ep.id, traj.payload(self.policy, stop, queue_ms))
+        version = SESSION_PROMPT_VERSION if self.config.mode == "session" else PROMPT_VERSION
+        record = await self.client.verify(
+            ep.id, traj.payload(self.policy, stop, queue_ms, prompt_version=version)
+        )
         if self.on_record:
             self.on_record(record)
         return EpisodeOutcome(record=record, task_id=ep.task_id)
+
+    async def _session_turn(
+        self,
+        ep: EpisodeOut,
+        session_id: str,
+        text: str,
+        screen: ScreenOut,
+        messages: list[dict[str, str]],
+        traj: _Trajectory,
+        deadline: float,
+    ) -> tuple[bool, ScreenOut]:
+        """One session turn: parse the reply, send its keys, read the screen; record the
+        turn and the observation. Returns (task_complete, the screen now)."""
+        parsed = parse_keys_action(text)
+        if parsed.error is not None:
+            traj.turns.append(turn_record(text, None))
+            messages.append(
+                {"role": "user", "content": screen_observation(None, error=parsed.error)}
+            )
+            return False, screen
+        played = await play_turn(
+            self.client,
+            ep.sandbox_id,
+            session_id,
+            [(c.keystrokes, c.duration_s) for c in parsed.commands],
+            before=screen,
+            remaining_s=max(0.0, deadline - time.monotonic()),
+        )
+        traj.env_ms += played.env_ms
+        traj.turns.append(turn_record(text, played))
+        messages.append({"role": "user", "content": screen_observation(played.screen)})
+        return parsed.done, played.screen
 
 
 @dataclass
@@ -507,8 +584,10 @@ class _Trajectory:
         else:
             self.logprobs += list(a.logprobs)
 
-    def payload(self, policy: Policy, stop: str, queue_ms: float) -> dict[str, Any]:
-        """The verify request body."""
+    def payload(
+        self, policy: Policy, stop: str, queue_ms: float, *, prompt_version: str = PROMPT_VERSION
+    ) -> dict[str, Any]:
+        """The verify request body (``policy.version`` names the prompt format too)."""
         tokens = self.has_tokens and bool(self.prompt_ids or self.response_ids)
         logprobs = tokens and self.has_logprobs
         missing = ([] if tokens else ["token_ids"]) + ([] if logprobs else ["logprobs"])
@@ -520,7 +599,7 @@ class _Trajectory:
                 or f"policy {policy.name} returned no {' and no '.join(missing)}"
             )
         return {
-            "policy": {"name": policy.name, "version": f"{policy.version}+prompt{PROMPT_VERSION}"},
+            "policy": {"name": policy.name, "version": f"{policy.version}+prompt{prompt_version}"},
             "stop_reason": stop,
             "error": self.error[:4000] if self.error else None,
             "exclude_from_loss": stop == "error",

@@ -139,6 +139,94 @@ class TemplateOut(_Out):
     allow_root: bool
 
 
+# ------------------------------------------------------ terminal sessions and processes
+
+
+class SessionOut(_Out):
+    """A shell session: its id, the kept process's ``handle``, its terminal size, and
+    whether ``run`` knows when a command ends (``can_run``: bash)."""
+
+    id: str
+    sandbox_id: str
+    handle: int
+    pty: bool
+    rows: int
+    cols: int
+    can_run: bool
+
+
+class SessionList(_Out):
+    """The sandbox's sessions."""
+
+    sessions: list[SessionOut]
+
+
+class RunOut(_Out):
+    """What the terminal showed while a session command ran; ``exit_code`` None on timeout;
+    ``duration_ms`` wall milliseconds."""
+
+    output: str
+    output_b64: str
+    exit_code: int | None
+    timed_out: bool
+    truncated: bool
+    duration_ms: float
+
+
+class ScreenOut(_Out):
+    """The terminal as an emulator renders it: ``display`` rows (right-trimmed), ``cursor``
+    [row, col], ``scrollback`` lines (oldest first), ``bytes_total`` terminal bytes so far."""
+
+    display: list[str]
+    cursor: list[int]
+    scrollback: list[str]
+    bytes_total: int
+    dropped: int
+    running: bool
+    exit_code: int | None
+
+    @property
+    def text(self) -> str:
+        """The display as one string, trailing blank rows dropped."""
+        return "\n".join(self.display).rstrip("\n")
+
+
+class ProcessOut(_Out):
+    """A background process: ``exit_code`` None while it runs (128+N for signal N);
+    ``*_bytes`` written so far, ``*_first`` the oldest offset still kept."""
+
+    handle: int
+    pid: int
+    cmd: str
+    running: bool
+    exit_code: int | None
+    signal: int | None
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_first: int
+    stderr_first: int
+    stdin_open: bool
+    stdin_pending: int
+
+
+class ProcessList(_Out):
+    """The sandbox's background processes, oldest first."""
+
+    processes: list[ProcessOut]
+
+
+class OutputOut(_Out):
+    """Bytes ``[offset, next)`` of a process stream (``data`` text, ``data_b64`` raw);
+    ``dropped``: asked-for bytes that had left the kept window."""
+
+    data: str
+    data_b64: str
+    offset: int
+    next: int
+    dropped: int
+    process: ProcessOut
+
+
 # --------------------------------------------------------------------------- tasks, episodes
 
 
@@ -203,6 +291,8 @@ class TurnIn(_In):
     exit_code: int | None = None
     duration_ms: float = 0.0
     truncated: bool = False
+    keys: list[str] = Field(default_factory=list)
+    screen: str | None = None
 
 
 class TimingIn(_In):
@@ -311,6 +401,8 @@ class TurnRecord(_Out):
     exit_code: int | None = None
     duration_ms: float = 0.0
     truncated: bool = False
+    keys: list[str] = Field(default_factory=list)
+    screen: str | None = None
 
 
 class Timing(_Out):

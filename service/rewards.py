@@ -126,13 +126,16 @@ class TurnRecord(_Model):
 
     ``exit_code`` is None when the action ran no command (a done marker, a parse failure);
     ``duration_ms`` is the exec wall time in milliseconds; ``truncated`` says the output
-    was capped at ``max_output_bytes``.
+    was capped at ``max_output_bytes``. A session episode's turn (send keys, read the screen)
+    has ``keys`` (what was sent, in order) and ``screen`` (the rendered display read after).
     """
 
     action: str
     exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     duration_ms: NonNegMs = 0.0
     truncated: bool = False
+    keys: list[str] = Field(default_factory=list)
+    screen: str | None = None
 
 
 class Timing(_Model):
@@ -726,6 +729,8 @@ _TURN = pa.struct(
         _f("exit_code", pa.int32(), nullable=True),
         _f("duration_ms", pa.float64()),
         _f("truncated", pa.bool_()),
+        _f("keys", _list_of(pa.string())),
+        _f("screen", pa.string(), nullable=True),
     ]
 )
 _TIMING = pa.struct([_f(k, pa.float64()) for k in Timing.model_fields])

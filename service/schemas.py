@@ -309,12 +309,15 @@ class PolicyIn(_Model):
 
 
 class TurnIn(_Model):
-    """One turn's summary: the action and how its exec ended."""
+    """One turn's summary: the action and how its exec ended; in a session episode also the
+    keys sent and the screen read after them."""
 
     action: str
     exit_code: int | None = None
     duration_ms: float = Field(0.0, ge=0)
     truncated: bool = False
+    keys: list[str] = Field(default_factory=list, max_length=1024)
+    screen: str | None = Field(None, max_length=1 << 18)
 
 
 class TimingIn(_Model):

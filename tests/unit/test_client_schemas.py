@@ -13,12 +13,20 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+import service.api.processes
 import service.api.rewards
+import service.api.sessions
 import service.rewards
 import service.schemas
 from policy_client import schemas
 
-SERVER_MODULES = (service.schemas, service.rewards, service.api.rewards)
+SERVER_MODULES = (
+    service.schemas,
+    service.rewards,
+    service.api.rewards,
+    service.api.sessions,
+    service.api.processes,
+)
 
 # Bounds and prose are the server's to enforce and document; the extra-field policy differs
 # on purpose (client answers ignore unknown fields, the server forbids them).
