@@ -311,7 +311,8 @@ def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) ->
     hard link whose target, resolved lexically through the archive's symlinks, leaves the
     destination (symlinks are checked when defined and again once all are known, since a
     later one can change where an earlier one leads). Owners become ``uid``/``gid``;
-    setuid and setgid bits are dropped; modification times are clamped to [0, ``MAX_TAR_MTIME``].
+    setuid and setgid bits are dropped; a non-root owner's directories get u+rwx;
+    modification times are clamped to [0, ``MAX_TAR_MTIME``].
 
     Raises:
         InvalidRequest: not a readable tar (also truncated or corrupt; field ``body``), a
@@ -358,6 +359,11 @@ def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) ->
                 m.name = name
                 m.uid, m.gid, m.uname, m.gname = uid, gid, "", ""
                 m.mode &= 0o1777  # no setuid/setgid
+                if m.isdir() and uid != 0:
+                    # A non-root owner needs u+rwx to use its directory (root never did):
+                    # tarfile's default mode 0644 would lock it out of its own upload. It
+                    # could chmod the directory itself, so this grants nothing.
+                    m.mode |= 0o700
                 # Times the engine's archive code refuses (a mtime of 10**20 was an engine
                 # 500, found by a fuzzing trial) are clamped to what an ustar field holds.
                 m.mtime = min(max(int(m.mtime), 0), MAX_TAR_MTIME)

@@ -98,3 +98,27 @@ def test_task_toml_user_errors_name_the_field(tmp_path: Path, extra: str, messag
     with pytest.raises(TaskFormatError, match=message) as info:
         load_task(_task_with(tmp_path, extra))
     assert "environment" in (info.value.field or "")
+
+
+def test_a_non_root_owner_gets_u_rwx_on_its_uploaded_directories() -> None:
+    import io
+    import tarfile
+
+    from service.files import sanitize_tar
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        d = tarfile.TarInfo("pkg")
+        d.type, d.mode = tarfile.DIRTYPE, 0o644  # tarfile's default mode
+        t.addfile(d)
+        f = tarfile.TarInfo("pkg/a.txt")
+        f.size, f.mode = 1, 0o600
+        t.addfile(f, io.BytesIO(b"A"))
+
+    def modes(uid: int) -> dict[str, int]:
+        out, _ = sanitize_tar(buf.getvalue(), uid=uid, gid=uid, max_expanded_bytes=1 << 20)
+        with tarfile.open(fileobj=io.BytesIO(out)) as t:
+            return {m.name: m.mode for m in t.getmembers()}
+
+    assert modes(1000) == {"pkg": 0o744, "pkg/a.txt": 0o600}
+    assert modes(0) == {"pkg": 0o644, "pkg/a.txt": 0o600}  # root reads through anyway

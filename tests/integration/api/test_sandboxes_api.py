@@ -243,8 +243,8 @@ def test_file_upload_download_round_trip(stack: Stack, sandbox: str) -> None:
     r = stack.alice.get(f"/v1/sandboxes/{sandbox}/files", params={"path": "deep/new/dir/f.bin"})
     assert r.status_code == 200 and r.content == data
     assert r.headers["content-type"] == "application/octet-stream"
-    out = run(stack.alice, sandbox, "stat -c '%U %a %s' /workspace/deep/new/dir/f.bin")
-    assert out["stdout"] == "root 644 2560\n"
+    out = run(stack.alice, sandbox, "stat -c '%u:%g %a %s' /workspace/deep/new/dir/f.bin")
+    assert out["stdout"] == "1000:1000 644 2560\n"  # the terminal template's user
     events = [e for e in audit_actions(stack, sandbox) if e["action"].startswith("sandbox.file")]
     assert {(e["action"], e["details"]["bytes"]) for e in events} >= {
         ("sandbox.file_put", 2560),
