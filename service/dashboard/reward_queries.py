@@ -185,26 +185,15 @@ def aggregates(
                 .group_by(c.domain, c.reward)
             )
         ]
-        per_value = (
-            select(
-                c.task_id,
-                c.group_id,
-                c.reward,
-                func.count().label("k"),
-                func.sum(func.count()).over(partition_by=(c.task_id, c.group_id)).label("size"),
-            )
+        per_value = s.execute(
+            select(c.task_id, c.group_id, c.reward, func.count())
             .where(verified)
             .group_by(c.task_id, c.group_id, c.reward)
-            .subquery()
-        )
-        groups = [
-            GroupValue(t, g, float(r), int(k))
-            for t, g, r, k in s.execute(
-                select(
-                    per_value.c.task_id, per_value.c.group_id, per_value.c.reward, per_value.c.k
-                ).where(per_value.c.size >= 2)
-            )
-        ]
+        ).all()
+    size: dict[tuple[str, str], int] = {}
+    for t, g, _, k in per_value:
+        size[t, g] = size.get((t, g), 0) + k
+    groups = [GroupValue(t, g, float(r), int(k)) for t, g, r, k in per_value if size[t, g] >= 2]
     return RewardAggregates(int(n), oldest, newest, width, cells, statuses, counted, groups)
 
 
