@@ -226,13 +226,15 @@ class DeadReplicaWork:
     A replica tracks its starts (``sb:<id>``) and snapshots (``c:<container>``) in the
     coordinator while they run (``service.coordination.tracking``). Every ``EVERY_S``
     seconds this looks at tenants' ``starting`` rows (cold leases, forks) and
-    ``snapshotting`` rows (snapshots, group starts) that no live replica tracks; one found so
-    twice in a row, in the same state, is its dead owner's: a ``starting`` row is failed
-    (quota back, container destroyed), a ``snapshotting`` one thawed and put back to
-    ``leased``, and released when it was a group start's prepared sandbox (the request that
-    made it died with its replica). Only on replicas, and only while the live set is known
-    (Redis answers); otherwise it does nothing. Unleased refill rows are the pool's
-    (``PoolManager.reclaim_dead_replicas``).
+    ``snapshotting`` rows (snapshots, group starts), and at ``verifying`` episodes whose
+    frozen sandbox no live replica tracks; one found so twice in a row, in the same state, is
+    its dead owner's: a ``starting`` row is failed (quota back, container destroyed), a
+    ``snapshotting`` one thawed and put back to ``leased`` (and released when it was a group
+    start's prepared sandbox: the request that made it died with its replica), a
+    ``verifying`` episode thawed and put back to ``running`` (its worker verifies again
+    through a live replica; a worker gone too loses its claim, and ``reclaim`` abandons it).
+    Only on replicas, and only while the live set is known (Redis answers); otherwise it
+    does nothing. Unleased refill rows are the pool's (``PoolManager.reclaim_dead_replicas``).
 
     Args:
         ctx: the service context.
@@ -246,8 +248,9 @@ class DeadReplicaWork:
         self._checked_at = 0.0
 
     def __call__(self) -> dict[str, int]:
-        """Run one check when due; returns counts ``failed``, ``restored``, ``released``."""
-        counts = {"failed": 0, "restored": 0, "released": 0}
+        """Run one check when due; returns counts ``failed``, ``restored``, ``released``,
+        ``reverify``."""
+        counts = {"failed": 0, "restored": 0, "released": 0, "reverify": 0}
         now = time.monotonic()
         if not self.ctx.settings.replica or now - self._checked_at < self.EVERY_S:
             return counts
@@ -264,15 +267,28 @@ class DeadReplicaWork:
                     Sandbox.tenant_id.is_not(None),
                 )
             ).all()
+            verifying = s.execute(
+                select(Episode.id, Sandbox.container_id)
+                .join(Sandbox, Sandbox.id == Episode.sandbox_id)
+                .where(
+                    Episode.state == "verifying",
+                    Sandbox.deployment == self.ctx.settings.deployment,
+                )
+            ).all()
         untracked = {
             sid: state
             for sid, state, cid in rows
             if f"sb:{sid}" not in busy and not (cid and f"c:{cid}" in busy)
         }
+        untracked.update(
+            {f"ep:{ep}": cid or "" for ep, cid in verifying if not cid or f"c:{cid}" not in busy}
+        )
         confirmed = [sid for sid, state in untracked.items() if self._suspects.get(sid) == state]
         self._suspects = {k: v for k, v in untracked.items() if k not in confirmed}
         for sid in confirmed:
-            if untracked[sid] == "starting":
+            if sid.startswith("ep:"):
+                counts["reverify"] += self._reverify(sid[3:], untracked[sid])
+            elif untracked[sid] == "starting":
                 self.ctx.pools.mark_failed(sid, "no live replica was starting it (its died)")
                 counts["failed"] += 1
             elif self._restore(sid):
@@ -317,6 +333,26 @@ class DeadReplicaWork:
                     details={"reason": "its snapshot's replica died", "thawed": paused},
                 )
         return bool(got)
+
+    def _reverify(self, episode_id: str, container_id: str) -> int:
+        """Thaw a dead replica's verification and put its episode back to ``running``."""
+        if container_id:
+            with contextlib.suppress(CrucibleError):  # not paused, or gone: verify says so
+                self.ctx.runtime.thaw(container_id)
+        with self.ctx.db.session() as s:
+            got = s.execute(
+                update(Episode)
+                .where(Episode.id == episode_id, Episode.state == "verifying")
+                .values(state="running")
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if got:
+                audit.record(
+                    s,
+                    "episode.recover",
+                    details={"episodes": [episode_id], "reason": "its verifier's replica died"},
+                )
+        return got
 
     def _release_prepared(self, sandbox_id: str) -> bool:
         """Release a group start's prepared sandbox whose start died (and its snapshots)."""
