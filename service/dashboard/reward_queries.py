@@ -3,7 +3,7 @@
 The page plots the newest ``limit`` records (default 10,000) of a scope (a tenant or all,
 optionally one domain). Decoding those rows in Python cost most of the page (their
 timestamps alone about 100 ms), so the database counts them instead and returns a few
-hundred rows:
+hundred rows (plus one per distinct reward of each group, below):
 
 - ``window``: how many records, and the time they span (which fixes the bucket width);
 - ``cells``: per (domain, task, time bucket), verified records (status ok with a reward)
@@ -20,6 +20,7 @@ whole-second ``width`` equals the same division of the fractional timestamp.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -128,7 +129,7 @@ def aggregates(
     *,
     tenant: str | None,
     domain: str | None,
-    bucket_width: Any,
+    bucket_width: Callable[[datetime | None, datetime | None], int],
     threshold: float,
     limit: int = LIMIT,
 ) -> RewardAggregates:
