@@ -173,6 +173,9 @@ def test_without_redis_nothing_is_trusted_from_memory() -> None:
 # -- one control plane over HTTP ----------------------------------------------------------
 
 
+DASHBOARD_SECRET = "s" * 40
+
+
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     yield from start_stack(
@@ -181,6 +184,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         rate_limits={"alice": RateLimit(rps=0.5, burst=3), "admin": None},
         rate_limit=RateLimit(rps=1000, burst=1000),
         key_cache_ttl_s=60.0,
+        dashboard_session_secret=DASHBOARD_SECRET,
     )
 
 
@@ -265,6 +269,36 @@ def test_the_event_stream_shows_a_tenant_its_own_events_as_they_commit(limited: 
     assert theirs.events == [], "another tenant sees nothing of it"
     r = dave.get("/v1/events", params={"actions": "bad prefix!"})
     assert r.status_code == 422 and r.json()["field"] == "actions"
+
+
+@pytest.mark.docker
+def test_the_dashboard_follows_the_stream_with_its_session(limited: Stack) -> None:
+    from service.dashboard.session import SESSION_COOKIE, Signer
+
+    frank = _new_client(limited, "frank")
+    cookie = Signer(DASHBOARD_SECRET).issue(_key_id(frank), ttl_s=600)
+    with httpx.Client(base_url=limited.url, follow_redirects=False) as anon:
+        assert anon.get("/dashboard/live/events").status_code == 303, "sign-in first"
+    viewer = limited.make_client(cookies={SESSION_COOKIE: cookie})
+    seen: list[str] = []
+    opened = threading.Event()
+
+    def read() -> None:
+        with viewer.stream("GET", "/dashboard/live/events", params={"max_s": "15"}) as r:
+            opened.set()
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    seen.append(line[7:])
+                    if "sandbox.release" in seen:
+                        return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert opened.wait(10)
+    sid = frank.post("/v1/sandboxes", json={"template": "tiny"}).json()["id"]
+    assert frank.delete(f"/v1/sandboxes/{sid}").status_code == 200
+    reader.join(timeout=15)
+    assert seen == ["sandbox.lease", "sandbox.release"], seen
 
 
 def test_a_bad_rate_limit_setting_names_its_field(tmp_path: Path) -> None:

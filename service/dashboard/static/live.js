@@ -19,7 +19,32 @@
         .then(function () { busy = false; });
     }, every);
   }
+  // Events (server-sent, /dashboard/live/events) refresh the panels at once; the polling
+  // above stays as the fallback when the stream is down.
+  function follow(panels) {
+    if (!window.EventSource || panels.length === 0) { return; }
+    var due = null;
+    var events = new EventSource("/dashboard/live/events");
+    function refresh() {
+      if (due !== null) { return; }
+      due = setTimeout(function () {
+        due = null;
+        panels.forEach(function (el) {
+          fetch(el.getAttribute("data-src"), { credentials: "same-origin", cache: "no-store" })
+            .then(function (res) { return res.ok && !res.redirected ? res.text() : null; })
+            .then(function (html) { if (html !== null) { el.innerHTML = html; } })
+            .catch(function () { /* the next poll retries */ });
+        });
+      }, 250);
+    }
+    ["sandbox.lease", "sandbox.release", "sandbox.expire", "sandbox.fail", "pool.refill",
+     "record.stored", "job.create", "job.complete", "gap"].forEach(function (name) {
+      events.addEventListener(name, refresh);
+    });
+  }
   document.addEventListener("DOMContentLoaded", function () {
-    document.querySelectorAll("[data-src]").forEach(poll);
+    var panels = Array.prototype.slice.call(document.querySelectorAll("[data-src]"));
+    panels.forEach(poll);
+    follow(panels);
   });
 })();
