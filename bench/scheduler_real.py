@@ -22,6 +22,7 @@ the runner waits for every sample of a group, so it would not change wall-clock 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -176,53 +177,68 @@ def _build_all(url: str, key: str, counts: dict[str, int]) -> None:
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline:
             time.sleep(2.0)
-            builds = client.run(Call("GET", "/v1/builds"))["builds"]
+            builds = json.loads(client.run(Call("GET", "/v1/builds")))["builds"]
             if builds and all(b["state"] != "running" for b in builds):
                 break
         client.run(Call("POST", f"/v1/jobs/{job.id}/cancel"))
 
 
 def run_real(
-    *, groups: int, group_size: int, concurrency: int, batch: int, step_s: float
-) -> dict[str, RealResult]:
-    """Run FIFO then Crucible on one real server (see the module docstring); both are
-    deterministic in which groups they generate (the deficit rule), not in durations."""
+    *, groups: int, group_size: int, concurrency: int, batch: int, step_s: float, repeats: int = 1
+) -> dict[str, list[RealResult]]:
+    """Run FIFO and Crucible ``repeats`` times each on one real server, alternating which
+    goes first (see the module docstring); both are deterministic in which groups they
+    generate (the deficit rule), not in durations."""
     from service.tasks.loader import load_suite  # noqa: PLC0415 - the server's loader
 
     counts = {s: len(load_suite(TASKS / s).ids) for s in SUITES}
+    out: dict[str, list[RealResult]] = {"fifo": [], "crucible": []}
     with serve(pool_targets="{}") as srv:
         _build_all(srv.url, srv.key, counts)
-        return {
-            pol: _run_one(
-                srv.url,
-                srv.key,
-                pol,
-                counts,
-                groups=groups,
-                group_size=group_size,
-                concurrency=concurrency,
-                batch=batch,
-                step_s=step_s,
-            )
-            for pol in ("fifo", "crucible")
-        }
+        for r in range(repeats):
+            for pol in ("fifo", "crucible") if r % 2 == 0 else ("crucible", "fifo"):
+                out[pol].append(
+                    _run_one(
+                        srv.url,
+                        srv.key,
+                        pol,
+                        counts,
+                        groups=groups,
+                        group_size=group_size,
+                        concurrency=concurrency,
+                        batch=batch,
+                        step_s=step_s,
+                    )
+                )
+    return out
 
 
-def print_real(res: dict[str, RealResult], *, group_size: int) -> None:
-    """The real run's table, in the simulation's layout (ratios crucible / fifo)."""
-    f, c = res["fifo"], res["crucible"]
+METRICS = (
+    ("accelerator idle", lambda r: r.idle_fraction),
+    ("long-tail share", lambda r: r.long_tail_share),
+    ("makespan (s)", lambda r: r.makespan_s),
+)
+
+
+def print_real(res: dict[str, list[RealResult]], *, group_size: int) -> None:
+    """The real run's table in the simulation's layout: means over the repeats and the
+    ratio crucible / fifo of the means, then each repeat's ratios."""
+    fs, cs = res["fifo"], res["crucible"]
     print(
-        f"real run on this machine: {f.groups} groups of {group_size} over {', '.join(SUITES)} "
-        "(oracle policy)"
+        f"real run on this machine: {fs[0].groups} groups of {group_size} over "
+        f"{', '.join(SUITES)} (oracle policy), {len(fs)} run(s) each, means"
     )
-    print(f"{'':20}{'fifo':>11}{'crucible':>11}{'cru/fifo':>10}")
-    for name, get in (
-        ("accelerator idle", lambda r: r.idle_fraction),
-        ("long-tail share", lambda r: r.long_tail_share),
-        ("makespan (s)", lambda r: r.makespan_s),
-    ):
-        fv, cv = get(f), get(c)
-        ratio = cv / fv if fv else float("nan")
-        print(f"{name:20}{fv:11.4g}{cv:11.4g}{ratio:10.3f}")
-    for pol, r in res.items():
-        print(f"{pol}: groups by suite {r.by_suite}; {r.rewards_ok}/{r.samples} samples scored 1.0")
+    print(f"{'':20}{'fifo':>11}{'crucible':>11}{'cru/fifo':>10}  per run")
+    for name, get in METRICS:
+        fv = sum(get(r) for r in fs) / len(fs)
+        cv = sum(get(r) for r in cs) / len(cs)
+        each = " ".join(
+            f"{get(c) / get(f):.3f}" if get(f) else "nan" for f, c in zip(fs, cs, strict=True)
+        )
+        print(f"{name:20}{fv:11.4g}{cv:11.4g}{(cv / fv if fv else float('nan')):10.3f}  {each}")
+    for pol, runs in res.items():
+        for i, r in enumerate(runs):
+            print(
+                f"{pol} run {i + 1}: groups by suite {r.by_suite}; "
+                f"{r.rewards_ok}/{r.samples} records scored 1.0"
+            )

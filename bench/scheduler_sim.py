@@ -247,6 +247,7 @@ def main() -> None:
     p.add_argument("--real-concurrency", type=int, default=2)
     p.add_argument("--real-batch", type=int, default=2, help="groups per consumer step")
     p.add_argument("--real-step-s", type=float, default=10.0)
+    p.add_argument("--real-repeats", type=int, default=2, help="runs per policy, alternating")
     a = p.parse_args()
     kw = dict(
         groups=a.groups,
@@ -283,6 +284,7 @@ def main() -> None:
             concurrency=a.real_concurrency,
             batch=a.real_batch,
             step_s=a.real_step_s,
+            repeats=a.real_repeats,
         )
         print()
         scheduler_real.print_real(real, group_size=a.real_group_size)

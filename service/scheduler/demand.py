@@ -229,7 +229,12 @@ def tenant_demands(
     jobs = s.execute(select(Job).where(Job.state.in_(OPEN_JOB_STATES))).scalars().all()
     by_tenant: dict[str, list[Upcoming]] = {}
     for job in jobs:
-        by_tenant.setdefault(job.tenant_id, []).extend(upcoming(s, job, now=now))
+        try:
+            ahead = upcoming(s, job, now=now)
+        except Exception:  # noqa: BLE001 - one job's bad state must not stop the pool loop
+            log.exception("warm demand of job %s could not be predicted; it gets none", job.id)
+            continue
+        by_tenant.setdefault(job.tenant_id, []).extend(ahead)
     out = {}
     for tenant_id, entries in by_tenant.items():
         budget = tenants.sandbox_room(s, tenant_id)
