@@ -34,7 +34,7 @@ from service.dashboard.auth import (
     signer,
 )
 from service.dashboard.catalog import catalog
-from service.dashboard.monitor import MonitorCache, MonitorView
+from service.dashboard.monitor import MAX_AGE_REFRESHES, MonitorCache, MonitorView
 from service.dashboard.render import SECURITY_HEADERS, page
 from service.dashboard.session import LOGIN_COOKIE, LOGIN_TTL_S, SESSION_COOKIE
 from service.db.models import Sandbox, utcnow
@@ -174,11 +174,12 @@ class PoolRow:
 
 
 def _monitor(request: Request, ctx: ServiceContext, viewer: Viewer) -> MonitorView:
-    """The anomaly monitor's checks and outcome rates of the viewer's scope, computed at most
-    once per refresh interval (``monitor.MonitorCache``, one per app)."""
+    """The anomaly monitor's checks and outcome rates of the viewer's scope, computed again
+    only when its records change (``monitor.MonitorCache``, one per app)."""
     state = request.app.state
     if getattr(state, "dashboard_monitor", None) is None:
-        state.dashboard_monitor = MonitorCache(ctx.settings.dashboard_refresh_s)
+        ttl = MAX_AGE_REFRESHES * ctx.settings.dashboard_refresh_s
+        state.dashboard_monitor = MonitorCache(ttl)
     return state.dashboard_monitor.get(ctx.db, viewer.scope)
 
 

@@ -178,11 +178,23 @@ def test_monitor_cache_keeps_a_result_until_records_change_or_it_expires(db: Dat
     second = cache.get(db, None)
     assert second is not first
     assert "task-new" in {r.task_id for r in second.rates}
-    now[0] = 2.9
-    assert cache.get(db, None) is second
-    now[0] = 3.0  # the interval is over: computed again
+    # a failed record replaced by a verified one dated earlier than the newest shows at once
+    failed = make(status="error", task_id="task-retried", created_at=T0 - timedelta(days=2))
+    with db.session() as s:
+        rewards.store(s, failed, tenant_id="acme", work_item_id="wi_1")
     third = cache.get(db, None)
-    assert third is not second and third == second
+    assert third.rates[-1].task_id == "task-retried" and third.rates[-1].error_rate == 1.0
+    retry = make(task_id="task-retried", created_at=T0 - timedelta(days=2), reward=1.0)
+    with db.session() as s:
+        row = rewards.store(s, retry, tenant_id="acme", work_item_id="wi_1", replace_error=True)
+        assert row.record_id == retry.record_id  # it did replace the failed one
+    fourth = cache.get(db, None)
+    assert fourth is not third and fourth.rates[-1].error_rate == 0.0
+    now[0] = 2.9
+    assert cache.get(db, None) is fourth
+    now[0] = 3.0  # past ttl_s: computed again even though nothing changed
+    fifth = cache.get(db, None)
+    assert fifth is not fourth and fifth == fourth
 
 
 def _indexes(db: Database, table: str) -> set[str]:
