@@ -252,8 +252,9 @@ class DeadReplicaWork:
         ``reverify``."""
         counts = {"failed": 0, "restored": 0, "released": 0, "reverify": 0}
         now = time.monotonic()
-        if not self.ctx.settings.replica or now - self._checked_at < self.EVERY_S:
-            return counts
+        settings = self.ctx.settings
+        if not (settings.replica and settings.redis_url) or now - self._checked_at < self.EVERY_S:
+            return counts  # without Redis no replica knows what the others are doing
         self._checked_at = now
         busy = self.ctx.pools.coord.in_flight()
         if busy is None:

@@ -418,6 +418,7 @@ class RedisCoordinator:
             "ok": self._ok,
             "detail": self._detail,
             "refill_lock": "redis" if self._ok else "postgres-advisory (degraded)",
+            "subscribed": self._listening,
         }
 
     def _run(self) -> None:

@@ -308,3 +308,50 @@ def test_a_bad_rate_limit_setting_names_its_field(tmp_path: Path) -> None:
 
     with pytest.raises(ValidationError, match="rate_limits"):
         Settings(data_dir=tmp_path, rate_limits={"t": {"rps": 0, "burst": 1}})
+
+
+@pytest.mark.parametrize("redis_url", [None, DOWN])
+def test_dead_replica_work_touches_nothing_when_it_cannot_know(
+    tmp_path: Path, redis_url: str | None
+) -> None:
+    """A replica without Redis (or with Redis down) cannot tell a dead replica's half-done
+    start from a live one's: it must leave every ``starting`` and ``snapshotting`` row be."""
+    from types import SimpleNamespace
+
+    from service import coordination
+    from service.config import Settings
+    from service.db.models import Sandbox
+    from service.recovery import DeadReplicaWork
+    from tests.dbutil import fresh_database
+
+    with fresh_database("postgres", tmp_path) as db:
+        settings = Settings(
+            data_dir=tmp_path, database_url=db.url, replica=True, redis_url=redis_url
+        )
+        coord = coordination.build(settings)
+        with db.session() as s:
+            tenants.create_tenant(s, "t", max_sandboxes=2, max_cpus=2, max_memory_mb=1024)
+            for sid, state in (("sb_a", "starting"), ("sb_b", "snapshotting")):
+                s.add(
+                    Sandbox(
+                        id=sid,
+                        deployment=settings.deployment,
+                        template="terminal",
+                        image="x",
+                        state=state,
+                        tenant_id="t",
+                        cpus=1,
+                        memory_mb=512,
+                    )
+                )
+        ctx = SimpleNamespace(settings=settings, db=db, pools=SimpleNamespace(coord=coord))
+        work = DeadReplicaWork(ctx)  # type: ignore[arg-type]
+        work.EVERY_S = 0.0
+        try:
+            for _ in range(3):
+                assert not any(work().values())
+            with db.read() as s:
+                states = {r.id: r.state for r in s.query(Sandbox).all()}
+            assert states == {"sb_a": "starting", "sb_b": "snapshotting"}
+        finally:
+            coord.close()

@@ -113,6 +113,7 @@ def test_revoke_rate_limit_and_events_hold_across_replicas(cluster: Cluster) -> 
         "CRUCIBLE_RATE_LIMITS": json.dumps({"limited": {"rps": 0.1, "burst": 4}}),
     }
     a, b = cluster.start(**env), cluster.start(**env)
+    _wait(lambda: httpx.get(f"{b.url}/readyz").json()["coordination"]["subscribed"], 10)
     with cluster.client(b, "victim") as victim_b, cluster.client(a, "rep") as admin_a:
         assert victim_b.get("/v1/sandboxes").status_code == 200  # cached on b for 60 s
         key_id = cluster.keys["victim"].split("_")[1]
