@@ -186,16 +186,36 @@ def aggregates(
                 .group_by(c.domain, c.reward)
             )
         ]
-        per_value = s.execute(
-            select(c.task_id, c.group_id, c.reward, func.count())
-            .where(verified)
-            .group_by(c.task_id, c.group_id, c.reward)
-        ).all()
-    size: dict[tuple[str, str], int] = {}
-    for t, g, _, k in per_value:
-        size[t, g] = size.get((t, g), 0) + k
-    groups = [GroupValue(t, g, float(r), int(k)) for t, g, r, k in per_value if size[t, g] >= 2]
+        groups = [
+            GroupValue(t, g, float(r), int(k))
+            for t, g, r, k in s.execute(_group_values(tenant, domain, limit, verified, c))
+        ]
     return RewardAggregates(int(n), oldest, newest, width, cells, statuses, counted, groups)
+
+
+def _group_values(
+    tenant: str | None, domain: str | None, limit: int, verified: Any, c: Any
+) -> Select[Any]:
+    """(task, group, reward, count) of the verified records of groups with two or more of
+    them: a join with the groups' sizes, so the groups of one (no spread) are not fetched."""
+    per_value = (
+        select(c.task_id, c.group_id, c.reward, func.count().label("k"))
+        .where(verified)
+        .group_by(c.task_id, c.group_id, c.reward)
+        .subquery()
+    )
+    o = _newest(tenant, domain, limit).c
+    shared = (
+        select(o.task_id, o.group_id)
+        .where(o.status == "ok", o.reward.is_not(None))
+        .group_by(o.task_id, o.group_id)
+        .having(func.count() >= 2)
+        .subquery()
+    )
+    v = per_value.c
+    return select(v.task_id, v.group_id, v.reward, v.k).join(
+        shared, and_(shared.c.task_id == v.task_id, shared.c.group_id == v.group_id)
+    )
 
 
 def _utc(value: datetime | str) -> datetime:
