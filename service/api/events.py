@@ -3,11 +3,13 @@
 
 Each event is ``event: <action>`` / ``data: <json>`` (see ``service.events``); a tenant sees
 its own events, an admin every tenant's and the pools'. ``actions`` keeps the events whose
-action starts with one of its comma-separated prefixes. A gap (the replica lost its link to
-Redis) is sent as ``event: gap``: a client re-reads what it shows. A comment line every 15 s
-keeps proxies from closing the stream; the stream ends after ``max_s`` seconds and the
-client reconnects (``retry: 1000``, as ``EventSource`` does), so a stopping server never
-waits longer than that on an open stream.
+action starts with one of its comma-separated prefixes. A request must accept
+``text/event-stream`` (``EventSource`` does; anything else is a 400 naming ``accept``, so a
+client that would read the body to its end is told instead of held). A gap (the replica
+lost its link to Redis) is sent as ``event: gap``: a client re-reads what it shows. A
+comment line every 15 s keeps proxies from closing the stream; the stream ends after
+``max_s`` seconds and the client reconnects (``retry: 1000``, as ``EventSource`` does), so
+a stopping server never waits longer than that on an open stream.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from service.api.deps import Ctx, CurrentPrincipal
+from service.api.problems import error_responses
 from service.dashboard.auth import CurrentViewer
+from service.errors import InvalidRequest
 from service.events import EventBus
 
 router = APIRouter(tags=["events"])
@@ -39,7 +43,7 @@ Actions = Annotated[
         description="Comma-separated action prefixes to keep, e.g. 'sandbox.,record.'.",
     ),
 ]
-MaxS = Annotated[float, Query(gt=0, le=3600, description="Seconds before the stream ends.")]
+MaxS = Annotated[float, Query(gt=0, le=600, description="Seconds before the stream ends.")]
 
 
 async def _stream(
@@ -86,6 +90,11 @@ async def _stream(
 def _response(
     request: Request, bus: EventBus, scope: str | None, actions: str | None, max_s: float
 ) -> StreamingResponse:
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        raise InvalidRequest(
+            "this endpoint streams server-sent events: send 'Accept: text/event-stream'",
+            field="accept",
+        )
     prefixes = tuple(p for p in (actions or "").split(",") if p)
     return StreamingResponse(
         _stream(request, bus, scope=scope, prefixes=prefixes, max_s=max_s),
@@ -98,7 +107,7 @@ def _response(
     "/v1/events",
     summary="Live events (server-sent events)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(400)},
 )
 def api_events(
     request: Request,

@@ -27,6 +27,7 @@ from tests.integration.api.conftest import Stack, start_stack
 pytestmark = pytest.mark.postgres
 
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+SSE = {"Accept": "text/event-stream"}
 
 
 def _redis_url() -> str:
@@ -241,7 +242,7 @@ class _Events:
         assert self.open.wait(10), "the stream did not open"
 
     def _read(self, client: httpx.Client, params: dict[str, str]) -> None:
-        with client.stream("GET", "/v1/events", params={"max_s": "20", **params}) as r:
+        with client.stream("GET", "/v1/events", params={"max_s": "20", **params}, headers=SSE) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             self.open.set()
             for line in r.iter_lines():
@@ -267,8 +268,10 @@ def test_the_event_stream_shows_a_tenant_its_own_events_as_they_commit(limited: 
     assert _until(lambda: {"sandbox.lease", "sandbox.release"} <= set(admin.actions()), 10)
     time.sleep(0.5)
     assert theirs.events == [], "another tenant sees nothing of it"
-    r = dave.get("/v1/events", params={"actions": "bad prefix!"})
+    r = dave.get("/v1/events", params={"actions": "bad prefix!"}, headers=SSE)
     assert r.status_code == 422 and r.json()["field"] == "actions"
+    r = dave.get("/v1/events", params={"max_s": "600"})  # a client that reads to the end
+    assert r.status_code == 400 and r.json()["field"] == "accept", r.text
 
 
 @pytest.mark.docker
@@ -284,7 +287,9 @@ def test_the_dashboard_follows_the_stream_with_its_session(limited: Stack) -> No
     opened = threading.Event()
 
     def read() -> None:
-        with viewer.stream("GET", "/dashboard/live/events", params={"max_s": "15"}) as r:
+        with viewer.stream(
+            "GET", "/dashboard/live/events", params={"max_s": "15"}, headers=SSE
+        ) as r:
             opened.set()
             for line in r.iter_lines():
                 if line.startswith("event: "):

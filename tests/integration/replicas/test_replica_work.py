@@ -36,6 +36,8 @@ from tests.integration.chaos.test_crash_recovery import Server
 
 pytestmark = [pytest.mark.docker, pytest.mark.postgres]
 
+SSE = {"Accept": "text/event-stream"}
+
 ROOT = Path(__file__).resolve().parents[3]
 TASKS = ["word-frequency-top20", "access-log-top-ips", "fixed-width-to-csv"]
 GROUP = 2
@@ -136,7 +138,9 @@ def test_revoke_rate_limit_and_events_hold_across_replicas(cluster: Cluster) -> 
     def read() -> None:
         with (
             cluster.client(b, "rep") as rb,
-            rb.stream("GET", "/v1/events", params={"actions": "sandbox.", "max_s": "30"}) as r,
+            rb.stream(
+                "GET", "/v1/events", params={"actions": "sandbox.", "max_s": "30"}, headers=SSE
+            ) as r,
         ):
             opened.set()
             for line in r.iter_lines():
