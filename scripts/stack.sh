@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The local stack (docker-compose.yml): `make stack` runs `scripts/stack.sh up`, `make
 # stack-down` runs `scripts/stack.sh down`.
-#   up    build what is missing (sandbox images via `make images`, the PostgreSQL and Redis
-#         images from sandbox_images/ unless CRUCIBLE_STACK_IMAGES=official, the control
-#         plane's image), `docker-compose up -d`, wait for both replicas' /readyz, print the
-#         URLs and an admin key (made once per stack, kept in the data dir)
+#   up    build what is missing (sandbox images via `make images`, the PostgreSQL, Redis and
+#         Prometheus images from sandbox_images/ unless CRUCIBLE_STACK_IMAGES=official, the
+#         control plane's image), `docker-compose up -d`, wait for both replicas' /readyz and
+#         Prometheus's /-/ready, print the URLs and an admin key (made once per stack, kept
+#         in the data dir)
 #   down  remove the stack's containers, network and volumes, the sandboxes and snapshot
 #         images its replicas made (label crucible.deployment=<deployment>) and its data dir
 #   env   print the variables docker-compose.yml reads (eval "$(scripts/stack.sh env)")
 # Environment: CRUCIBLE_STACK_PROJECT (compose project, default crucible-stack),
 # CRUCIBLE_STACK_IMAGES (local | official), CRUCIBLE_STACK_BASE_IMAGE (default
-# crucible/base:latest), CRUCIBLE_STACK_PORT_1 / _2 (8101, 8102), CRUCIBLE_STACK_DATA_DIR
+# crucible/base:latest), CRUCIBLE_STACK_PORT_1 / _2 (8101, 8102),
+# CRUCIBLE_STACK_PROMETHEUS_PORT (9190), CRUCIBLE_STACK_DATA_DIR
 # (default .crucible/stack/<project>, absolute), CRUCIBLE_STACK_READY_S (180).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,15 +28,18 @@ export CRUCIBLE_STACK_DATA_DIR=${CRUCIBLE_STACK_DATA_DIR:-$ROOT/.crucible/stack/
 export CRUCIBLE_STACK_DEPLOYMENT=${CRUCIBLE_STACK_DEPLOYMENT:-$PROJECT}
 export CRUCIBLE_STACK_PORT_1=${CRUCIBLE_STACK_PORT_1:-8101}
 export CRUCIBLE_STACK_PORT_2=${CRUCIBLE_STACK_PORT_2:-8102}
+export CRUCIBLE_STACK_PROMETHEUS_PORT=${CRUCIBLE_STACK_PROMETHEUS_PORT:-9190}
 export CRUCIBLE_STACK_BASE_IMAGE=${CRUCIBLE_STACK_BASE_IMAGE:-crucible/base:latest}
 export CRUCIBLE_STACK_IMAGE=${CRUCIBLE_STACK_IMAGE:-crucible-stack/control-plane:latest}
 case ${CRUCIBLE_STACK_IMAGES:-local} in
   local)
     export CRUCIBLE_STACK_POSTGRES_IMAGE=crucible-stack/postgres:15
-    export CRUCIBLE_STACK_REDIS_IMAGE=crucible-stack/redis:7 ;;
+    export CRUCIBLE_STACK_REDIS_IMAGE=crucible-stack/redis:7
+    export CRUCIBLE_STACK_PROMETHEUS_IMAGE=crucible-stack/prometheus:2 ;;
   official)
     export CRUCIBLE_STACK_POSTGRES_IMAGE=postgres:15
-    export CRUCIBLE_STACK_REDIS_IMAGE=redis:7 ;;
+    export CRUCIBLE_STACK_REDIS_IMAGE=redis:7
+    export CRUCIBLE_STACK_PROMETHEUS_IMAGE=prom/prometheus:v2.53.0 ;;
   *) die "CRUCIBLE_STACK_IMAGES must be local or official" ;;
 esac
 [[ $CRUCIBLE_STACK_DATA_DIR = /* ]] || die "CRUCIBLE_STACK_DATA_DIR must be an absolute path"
@@ -76,10 +81,11 @@ EOF
   : >build/stack/ca.pem
 }
 
-wait_ready() {  # wait_ready PORT...: until every replica's /readyz answers 200
-  local deadline=$((SECONDS + ${CRUCIBLE_STACK_READY_S:-180})) port
+wait_ready() {  # wait_ready PORT... [/PATH]: until each port answers 200 on PATH (/readyz)
+  local deadline=$((SECONDS + ${CRUCIBLE_STACK_READY_S:-180})) port path=/readyz
+  [[ ${!#} = /* ]] && path=${!#} && set -- "${@:1:$#-1}"
   for port in "$@"; do
-    until curl -fs -o /dev/null "http://127.0.0.1:$port/readyz" 2>/dev/null; do
+    until curl -fs -o /dev/null "http://127.0.0.1:$port$path" 2>/dev/null; do
       if [ "$SECONDS" -ge "$deadline" ]; then
         compose ps >&2; compose logs --tail 30 >&2
         die "replica on port $port not ready within ${CRUCIBLE_STACK_READY_S:-180} s"
@@ -110,18 +116,21 @@ up() {
   if [ "${CRUCIBLE_STACK_IMAGES:-local}" = local ]; then
     build_image "$CRUCIBLE_STACK_POSTGRES_IMAGE" sandbox_images/postgres
     build_image "$CRUCIBLE_STACK_REDIS_IMAGE" sandbox_images/redis
+    build_image "$CRUCIBLE_STACK_PROMETHEUS_IMAGE" sandbox_images/prometheus
   fi
   build_image "$CRUCIBLE_STACK_IMAGE" . Dockerfile
   mkdir -p "$CRUCIBLE_STACK_DATA_DIR"
   say "starting project $PROJECT (compose: $COMPOSE)"
   compose up -d --no-build >&2
   wait_ready "$CRUCIBLE_STACK_PORT_1" "$CRUCIBLE_STACK_PORT_2"
+  wait_ready "$CRUCIBLE_STACK_PROMETHEUS_PORT" /-/ready
   local key
   key=$(admin_key)
   say "up in $((SECONDS - t0)) s"
   cat <<EOF
 replica 1   http://127.0.0.1:$CRUCIBLE_STACK_PORT_1  (dashboard: http://127.0.0.1:$CRUCIBLE_STACK_PORT_1/dashboard)
 replica 2   http://127.0.0.1:$CRUCIBLE_STACK_PORT_2  (dashboard: http://127.0.0.1:$CRUCIBLE_STACK_PORT_2/dashboard)
+prometheus  http://127.0.0.1:$CRUCIBLE_STACK_PROMETHEUS_PORT  (targets: /targets; both replicas' /metrics every 5 s)
 admin key   $key
 worker      CRUCIBLE_STACK_API_KEY=<key> $COMPOSE -p $PROJECT --profile worker run --rm worker
 down        make stack-down
@@ -145,7 +154,8 @@ case ${1:-} in
   env)
     for v in COMPOSE_PROJECT_NAME CRUCIBLE_STACK_DATA_DIR CRUCIBLE_STACK_DEPLOYMENT \
       CRUCIBLE_STACK_PORT_1 CRUCIBLE_STACK_PORT_2 CRUCIBLE_STACK_BASE_IMAGE CRUCIBLE_STACK_IMAGE \
-      CRUCIBLE_STACK_POSTGRES_IMAGE CRUCIBLE_STACK_REDIS_IMAGE; do
+      CRUCIBLE_STACK_POSTGRES_IMAGE CRUCIBLE_STACK_REDIS_IMAGE CRUCIBLE_STACK_PROMETHEUS_IMAGE \
+      CRUCIBLE_STACK_PROMETHEUS_PORT; do
       printf 'export %s=%q\n' "$v" "${!v}"
     done ;;
   *) die "usage: scripts/stack.sh up|down|env" ;;

@@ -3,6 +3,8 @@ docker-compose.yml from the working tree under a project of its own; a rollout j
 3 terminal tasks, group size 2) starts on replica 1 through the ``worker`` profile; replica 1
 and its worker are killed mid-job (``docker kill``); a second worker on replica 2 finishes
 the job. Checked: the job ends ``done`` with exactly one record per (task, sample), all 1.0;
+the stack's Prometheus reports both replicas ``up`` (and replica 1 down after the kill) and
+holds the verifications of the job; the replicas log JSON lines with request ids;
 ``scripts/stack.sh down`` leaves no container, volume, network, sandbox or data dir.
 
 Marked ``stack`` (a few minutes: image builds are cached, claims of the killed worker expire
@@ -54,6 +56,23 @@ def _records(url: str, key: str, job_id: str) -> list[dict]:
     return r.json()["records"]
 
 
+def _prometheus_up(url: str) -> dict[str, str]:
+    """``up`` of every target of the ``crucible`` job: instance -> "1" or "0"."""
+    r = httpx.get(f"{url}/api/v1/query", params={"query": 'up{job="crucible"}'}, timeout=10)
+    r.raise_for_status()
+    return {s["metric"]["instance"]: s["value"][1] for s in r.json()["data"]["result"]}
+
+
+def _wait_prometheus_up(url: str, want: dict[str, str], timeout_s: float = 60) -> None:
+    deadline, got = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        got = _prometheus_up(url)
+        if got == want:
+            return
+        time.sleep(1)
+    raise AssertionError(f"Prometheus up: {got}, wanted {want}")
+
+
 def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
     project = f"crucible-stack-test-{secrets.token_hex(3)}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
@@ -62,6 +81,7 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
         CRUCIBLE_STACK_DATA_DIR=str(tmp_path / "stack"),
         CRUCIBLE_STACK_PORT_1=str(_free_port()),
         CRUCIBLE_STACK_PORT_2=str(_free_port()),
+        CRUCIBLE_STACK_PROMETHEUS_PORT=str(_free_port()),
     )
     exports = _run([str(ROOT / "scripts/stack.sh"), "env"], env, 30).stdout
     for line in exports.splitlines():
@@ -70,6 +90,7 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
     compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml")]
     url1 = f"http://127.0.0.1:{env['CRUCIBLE_STACK_PORT_1']}"
     url2 = f"http://127.0.0.1:{env['CRUCIBLE_STACK_PORT_2']}"
+    prom = f"http://127.0.0.1:{env['CRUCIBLE_STACK_PROMETHEUS_PORT']}"
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     try:
@@ -81,6 +102,14 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
             ready = httpx.get(f"{url}/readyz", timeout=10).json()
             assert ready["status"] == "ok" and ready["coordination"]["backend"] == "redis", ready
             assert httpx.get(f"{url}/dashboard/login", timeout=10).status_code == 200
+        _wait_prometheus_up(prom, {"replica-1:8000": "1", "replica-2:8000": "1"})
+        timings["prometheus_up_s"] = time.monotonic() - t0
+        httpx.get(f"{url2}/healthz", headers={"X-Request-ID": "stack-probe-1"}, timeout=10)
+        logs = _run([*compose, "logs", "--no-color", "replica-2"], env, 60).stdout
+        lines = [ln.partition("| ")[2] for ln in logs.splitlines() if "stack-probe-1" in ln]
+        assert lines, logs[-2000:]
+        probe = json.loads(lines[0])
+        assert probe["request_id"] == "stack-probe-1" and probe["logger"] == "crucible.access"
 
         with Client(url1, key) as client:
             job = client.create_job(
@@ -125,6 +154,15 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
         expected = sorted((t, i) for t in TASKS for i in range(GROUP))
         assert samples == expected, (at_kill, samples)  # none lost, none twice
         assert {r["reward"] for r in records} == {1.0}, records
+        _wait_prometheus_up(prom, {"replica-1:8000": "0", "replica-2:8000": "1"})
+        # Replica 2 verified the items it took over; its next scrape (every 5 s) shows them.
+        q = 'crucible_verifications_total{domain="terminal",outcome="pass"}'
+        deadline, verified = time.monotonic() + 30, {}
+        while verified.get("replica-2:8000", 0) < 1 and time.monotonic() < deadline:
+            r = httpx.get(f"{prom}/api/v1/query", params={"query": q}, timeout=10).json()
+            verified = {s["metric"]["instance"]: float(s["value"][1]) for s in r["data"]["result"]}
+            time.sleep(1)
+        assert verified.get("replica-2:8000", 0) >= 1, r
     finally:
         down = _run([str(ROOT / "scripts/stack.sh"), "down"], env, 300)
         timings["total_s"] = time.monotonic() - t0

@@ -1,5 +1,6 @@
-"""The stack's PostgreSQL and Redis build contexts live in ``sandbox_images/`` but are not
-sandbox images: ``crucible images build`` (``make images``) must not discover them."""
+"""The stack's PostgreSQL, Redis and Prometheus build contexts live in ``sandbox_images/``
+but are not sandbox images: ``crucible images build`` (``make images``) must not discover
+them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_stack_service_images_are_not_sandbox_images() -> None:
     names = {d.name for d in discover_images(ROOT / "sandbox_images")}
-    assert {"postgres", "redis"}.isdisjoint(names), names
+    assert {"postgres", "redis", "prometheus"}.isdisjoint(names), names
     assert {"base", "terminal", "document", "cad"} <= names, names
-    for folder in ("postgres", "redis"):
+    for folder in ("postgres", "redis", "prometheus"):
         assert (ROOT / "sandbox_images" / folder / "Dockerfile").is_file()
 
 
