@@ -31,6 +31,11 @@ from service.tenants import LIVE_STATES
 
 MAX_PAGE = 200
 """Most rows a dashboard page lists at once."""
+TEXT_WINDOW = 20_000
+"""Events (by seq) one page of an audit text search reads at most. A substring of the
+details has no index, so each event in range is read: on PostgreSQL about 4 us each under
+load (100,000 events: 400+ ms), on SQLite under 1 us. A page searches the next window down
+and, when it fills fewer rows, hands on the window's lower end as its cursor."""
 
 
 def _like(text: str) -> str:
@@ -98,12 +103,31 @@ class AuditFilter:
     text: str | None = None
 
 
+@dataclass(frozen=True)
+class AuditPage:
+    """Matching events newest first; ``next_before`` the next (older) page's cursor; for a
+    text search that read one window without filling the page, ``searched_from`` is the
+    lowest seq it read (older events are the next page's)."""
+
+    rows: list[AuditEvent]
+    next_before: int | None
+    searched_from: int | None = None
+
+
 def audit_page(
-    db: Database, f: AuditFilter, *, scope: str | None, before: int | None, limit: int
-) -> tuple[list[AuditEvent], int | None]:
+    db: Database,
+    f: AuditFilter,
+    *,
+    scope: str | None,
+    before: int | None,
+    limit: int,
+    text_window: int = TEXT_WINDOW,
+) -> AuditPage:
     """One page of matching events, newest first, and the cursor of the next (older) page.
 
-    ``scope`` is the viewer's tenant (None: admin, who may filter by ``f.tenant``).
+    ``scope`` is the viewer's tenant (None: admin, who may filter by ``f.tenant``). With
+    ``f.text``, the page reads at most ``text_window`` events by seq below ``before``
+    (``TEXT_WINDOW``).
     """
     E = AuditEvent
     stmt = select(E)
@@ -114,6 +138,7 @@ def audit_page(
     for column, value in ((E.sandbox_id, f.sandbox_id), (E.action, f.action)):
         if value:
             stmt = stmt.where(column == value)
+    low, high = 0, 1 << 62
     if f.since or f.until:
         # Events are appended in time order (one chain, serialized), so a time range is a
         # range of seq: found through the ts index, it lets the newest-first scan start and
@@ -124,7 +149,13 @@ def audit_page(
         stmt = stmt.where(E.ts >= f.since)
     if f.until:
         stmt = stmt.where(E.ts < f.until)
+    window_low = None
     if f.text:
+        top = min(high, before - 1 if before is not None else 1 << 62)
+        with db.read() as s:
+            newest = s.execute(select(func.max(E.seq)).where(E.seq <= top)).scalar()
+        window_low = max(low, (newest or 0) - text_window + 1)
+        stmt = stmt.where(E.seq >= window_low)
         pattern = _like(f.text)
         stmt = stmt.where(
             or_(
@@ -138,7 +169,11 @@ def audit_page(
         rows = list(s.execute(stmt.order_by(E.seq.desc()).limit(limit + 1)).scalars())
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, (rows[-1].seq if more and rows else None)
+    if more and rows:
+        return AuditPage(rows, rows[-1].seq)
+    if window_low is not None and window_low > max(low, 1):
+        return AuditPage(rows, window_low, searched_from=window_low)
+    return AuditPage(rows, None)
 
 
 def _seq_bounds(db: Database, since: str | None, until: str | None) -> tuple[int, int]:

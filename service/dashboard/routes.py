@@ -294,9 +294,7 @@ def audit_page(
         until=_iso(_when(until, "until"), "until") if until else None,
         text=q or None,
     )
-    rows, next_before = queries.audit_page(
-        ctx.db, f, scope=viewer.scope, before=before, limit=limit
-    )
+    found = queries.audit_page(ctx.db, f, scope=viewer.scope, before=before, limit=limit)
     params = {
         k: v
         for k, v in {
@@ -315,8 +313,10 @@ def audit_page(
         "audit.html",
         viewer=viewer,
         nav="audit",
-        rows=rows,
-        next_before=next_before,
+        rows=found.rows,
+        next_before=found.next_before,
+        searched_from=found.searched_from,
+        text_window=queries.TEXT_WINDOW,
         params=params,
         actions=catalog().known,
         chain=_chain(request),
