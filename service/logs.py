@@ -6,7 +6,9 @@ with anything else is never echoed, so it cannot forge log lines or response hea
 id is returned in the response's ``X-Request-ID``, set in a context variable that every log
 record of that request carries (``request_id``), put in problem+json bodies
 (``service.api.problems``), and logged once per request in an access line
-(``crucible.access``: method, route, status, duration_ms).
+(``crucible.access``: method, route, status, duration_ms). An unhandled error's 500 is
+answered outside this middleware; its handler takes the id from the scope (``SCOPE_KEY``)
+so that answer and its log line carry it too.
 
 ``configure(fmt)`` installs one root handler on stderr: ``human`` (the CLI default) or
 ``json`` (one object a line: ts, level, logger, message, request_id, trace_id and any
@@ -29,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LogFormat = Literal["human", "json"]
 HEADER = "x-request-id"
+SCOPE_KEY = "crucible.request_id"  # the id in the ASGI scope, for handlers outside the context
 _VALID_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -124,6 +127,7 @@ class RequestIdMiddleware:
                 incoming = value.decode("latin-1")
                 break
         rid = accept_request_id(incoming)
+        scope[SCOPE_KEY] = rid
         token = request_id.set(rid)
         t0 = time.perf_counter()
         status = {"code": 500}

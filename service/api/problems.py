@@ -154,10 +154,20 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem(
-            500, "Internal error", f"{type(exc).__name__}: unexpected server error", request=request
-        )
+        # Starlette answers these outside every middleware: the request id comes from the scope.
+        rid = request.scope.get(logs.SCOPE_KEY)
+        token = logs.request_id.set(rid)
+        try:
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            return problem(
+                500,
+                "Internal error",
+                f"{type(exc).__name__}: unexpected server error",
+                request=request,
+                headers={"X-Request-ID": rid} if rid else None,
+            )
+        finally:
+            logs.request_id.reset(token)
 
 
 def _calls(dependant: Any) -> set[Any]:

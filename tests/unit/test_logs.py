@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from service import logs, tracing
+from service.api import problems
 
 
 @pytest.mark.parametrize(
@@ -92,3 +93,26 @@ def test_disabled_tracing_is_a_shared_no_op() -> None:
         assert s is None
     assert tracing.current_trace_id() is None
     assert tracing.configure_from_env({}) is False  # no endpoint: stays off
+
+
+def test_an_unhandled_error_still_answers_and_logs_with_the_request_id() -> None:
+    app = FastAPI()
+    problems.install(app)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("not for the client")
+
+    app.add_middleware(logs.RequestIdMiddleware)
+    lg = logging.getLogger("crucible.api")
+    buf, handler = capture(lg)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            r = client.get("/boom", headers={"X-Request-ID": "req-500"})
+    finally:
+        lg.removeHandler(handler)
+    assert r.status_code == 500 and r.headers["x-request-id"] == "req-500"
+    assert r.json()["request_id"] == "req-500"
+    assert "not for the client" not in r.text
+    (line,) = (json.loads(ln) for ln in buf.getvalue().splitlines())
+    assert line["request_id"] == "req-500" and "RuntimeError" in line["exc"]
