@@ -386,10 +386,57 @@ def sanitize_tar(data: bytes, *, uid: int, gid: int, max_expanded_bytes: int) ->
     return out.getvalue(), n
 
 
-def _one_file_tar(name: str, data: bytes, *, uid: int, gid: int) -> bytes:
+def _missing_dirs(ctx: ServiceContext, container_id: str, directory: str) -> tuple[str, list[str]]:
+    """(the deepest existing ancestor of ``directory``, its missing components top down);
+    one engine stat per level, no exec. An ancestor that is a file is returned as is: the
+    put then fails as the filesystem refuses it (409)."""
+    missing: list[str] = []
+    while directory != "/" and ctx.runtime.stat_path(container_id, directory) is None:
+        missing.append(posixpath.basename(directory))
+        directory = posixpath.dirname(directory)
+    return directory, missing[::-1]
+
+
+def _dir_members(parents: list[str], *, uid: int, gid: int) -> list[tarfile.TarInfo]:
+    out = []
+    for i in range(len(parents)):
+        info = tarfile.TarInfo("/".join(parents[: i + 1]))
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+        info.uid, info.gid = uid, gid
+        out.append(info)
+    return out
+
+
+def _under_dirs(tar: bytes, parents: list[str], *, uid: int, gid: int) -> bytes:
+    """A sanitized archive moved below ``parents`` (made as directory members owned by
+    ``uid``/``gid``): names and hard-link targets get the prefix; symlinks, relative,
+    move with the tree."""
+    if not parents:
+        return tar
+    prefix = "/".join(parents)
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(tar)) as src,
+        tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst,
+    ):
+        for d in _dir_members(parents, uid=uid, gid=gid):
+            dst.addfile(d)
+        for m in src:
+            m.name = f"{prefix}/{m.name}"
+            if m.islnk():
+                m.linkname = f"{prefix}/{m.linkname}"
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+    return out.getvalue()
+
+
+def _one_file_tar(
+    name: str, data: bytes, *, uid: int, gid: int, parents: list[str] | None = None
+) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        info = tarfile.TarInfo(name)
+        for d in _dir_members(parents or [], uid=uid, gid=gid):
+            t.addfile(d)
+        info = tarfile.TarInfo("/".join([*(parents or []), name]))
         info.size, info.mode, info.mtime, info.uid, info.gid = (
             len(data),
             0o644,
@@ -470,17 +517,20 @@ def put(
             field="path",
         )
     try:
+        # Missing parents are not made in the sandbox (its user may not write where they
+        # go): they travel in the archive as directory members owned by the template's user,
+        # extracted below the deepest directory that exists.
         if is_tar:
-            # Resolving a child of ``target`` with create_parents makes ``target`` itself
-            # (mkdir -p) and returns its resolved path as the child's parent.
             dest = plain_path(ctx.runtime, row.container_id, target, final_may_be_missing=False)
             if dest is None:
+                # the resolved path of a child of ``target`` names where ``target`` leads
                 child = _resolve(
-                    ctx, row.container_id, posixpath.join(target, "_"), tpl, create_parents=True
+                    ctx, row.container_id, posixpath.join(target, "_"), tpl, create_parents=False
                 )
-                dest = posixpath.dirname(child)
+                dest, missing = _missing_dirs(ctx, row.container_id, posixpath.dirname(child))
+                tar = _under_dirs(tar, missing, uid=tpl.uid, gid=tpl.gid)
         else:
-            resolved = _resolve(ctx, row.container_id, target, tpl, create_parents=True)
+            resolved = _resolve(ctx, row.container_id, target, tpl, create_parents=False)
             found = ctx.runtime.stat_path(row.container_id, resolved)
             if found is not None and found.kind == "dir":
                 raise Conflict(
@@ -488,8 +538,12 @@ def put(
                     "Content-Type: application/x-tar to extract into it",
                     field="path",
                 )
-            dest = posixpath.dirname(resolved)
-            tar = _one_file_tar(posixpath.basename(resolved), data, uid=tpl.uid, gid=tpl.gid)
+            dest, missing = posixpath.dirname(resolved), []
+            if found is None:
+                dest, missing = _missing_dirs(ctx, row.container_id, dest)
+            tar = _one_file_tar(
+                posixpath.basename(resolved), data, uid=tpl.uid, gid=tpl.gid, parents=missing
+            )
             target = resolved
         ctx.runtime.put_archive(row.container_id, dest, tar)
     except (InvalidRequest, Conflict) as e:

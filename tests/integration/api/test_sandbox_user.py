@@ -4,6 +4,8 @@ problem+json otherwise, nothing run). Real HTTP, real Docker, the exec channel."
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
 from typing import Any
 
@@ -82,7 +84,8 @@ def test_exec_session_process_and_upload_run_as_the_template_user(
         r = c.get(f"/v1/sandboxes/{sid}/processes/{handle}/output")
     assert r.json()["data"] == f"{uid}\n{gid}\n"
 
-    for path in ("/workspace/up.txt", "/tmp/new/dir/up.txt"):
+    # parents the upload makes are the user's too, also under a root-owned directory
+    for path in ("/workspace/up.txt", "/tmp/new/dir/up.txt", "/srv/made/here/up.txt"):
         r = c.put(f"/v1/sandboxes/{sid}/files", params={"path": path}, content=b"x")
         assert r.status_code in (200, 201), r.text
         out = exec_(c, sid, f"stat -c %u:%g {path} $(dirname {path})").json()["stdout"]
@@ -128,3 +131,38 @@ def test_a_task_user_named_without_uid_is_looked_up_in_its_image(
     assert image_user_ids(client, image, "daemon") == (1, 1)
     assert image_user_ids(client, image, "nobody") == (65534, 65534)
     assert image_user_ids(client, image, "no-such-user") is None
+
+
+def test_a_tar_into_missing_directories_belongs_to_the_user(stack: Stack) -> None:
+    c = stack.alice
+    sid = lease(c, "terminal")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        pkg = tarfile.TarInfo("pkg")  # as `tar c` writes it (mode 0644: tarfile's default)
+        pkg.type = tarfile.DIRTYPE
+        t.addfile(pkg)
+        info = tarfile.TarInfo("pkg/a.txt")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"A"))
+        hard = tarfile.TarInfo("pkg/hard")
+        hard.type, hard.linkname = tarfile.LNKTYPE, "pkg/a.txt"
+        t.addfile(hard)
+        soft = tarfile.TarInfo("pkg/soft")
+        soft.type, soft.linkname = tarfile.SYMTYPE, "a.txt"
+        t.addfile(soft)
+    r = c.put(
+        f"/v1/sandboxes/{sid}/files",
+        params={"path": "/opt/new/tree"},
+        content=buf.getvalue(),
+        headers={"content-type": "application/x-tar"},
+    )
+    assert r.status_code == 200, r.text
+    out = exec_(
+        c,
+        sid,
+        "cd /opt/new/tree && cat pkg/a.txt pkg/hard pkg/soft && echo && "
+        "stat -c %u:%g /opt/new /opt/new/tree pkg pkg/a.txt && stat -c %h pkg/a.txt && "
+        "touch /opt/new/mine",
+    ).json()
+    assert out["exit_code"] == 0, out["stderr"]
+    assert out["stdout"] == "AAA\n" + "1000:1000\n" * 4 + "2\n"
