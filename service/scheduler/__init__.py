@@ -4,6 +4,7 @@
 ``spec``: a job's schedule (domain mix, budgets, limits, stragglers, staleness), validated.
 ``ordering``: which claimable item a claim gets (pure; unit-tested).
 ``difficulty``: per-task pass-rate estimates and the dynamic-sampling budget rule.
+``demand``: warm pools filled ahead of the groups expected to start soon.
 """
 
 from service.scheduler.core import (  # noqa: F401  (the names callers use)
