@@ -8,10 +8,11 @@ real form and times each page in process (``TestClient``: no network), ``--runs`
 after one warm-up, as an admin (every tenant's rows) and as one tenant. Prints p50 and max
 in milliseconds per page; the budget is 300 ms.
 
-The anomaly monitor's results are kept while the records are unchanged, for at most 10
-refresh intervals (``dashboard_refresh_s``, 3 s; ``service.dashboard.monitor``), so the
-timed runs find them cached; with ``--refresh-s 0.000001`` every request computes them
-again (the cost of the first request after a record arrives).
+The anomaly monitor's results are computed at most once per refresh interval
+(``dashboard_refresh_s``, 3 s) and kept while the records are unchanged
+(``service.dashboard.monitor``), so the timed runs find them cached; with
+``--refresh-s 0.000001`` every request computes them again (the first request of an
+interval in which records arrived).
 
     .venv/bin/python bench/dashboard.py [--events 100000] [--records 10000] [--database-url URL]
         [--refresh-s S]

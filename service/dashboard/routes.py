@@ -174,12 +174,13 @@ class PoolRow:
 
 
 def _monitor(request: Request, ctx: ServiceContext, viewer: Viewer) -> MonitorView:
-    """The anomaly monitor's checks and outcome rates of the viewer's scope, computed again
-    only when its records change (``monitor.MonitorCache``, one per app)."""
+    """The anomaly monitor's checks and outcome rates of the viewer's scope, computed at most
+    once per refresh interval and only when its records changed (``monitor.MonitorCache``,
+    one per app)."""
     state = request.app.state
     if getattr(state, "dashboard_monitor", None) is None:
-        ttl = MAX_AGE_REFRESHES * ctx.settings.dashboard_refresh_s
-        state.dashboard_monitor = MonitorCache(ttl)
+        every = ctx.settings.dashboard_refresh_s
+        state.dashboard_monitor = MonitorCache(every, MAX_AGE_REFRESHES * every)
     return state.dashboard_monitor.get(ctx.db, viewer.scope)
 
 

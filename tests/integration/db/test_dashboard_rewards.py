@@ -163,36 +163,42 @@ def test_aggregates_of_nothing(db: Database) -> None:
     assert agg.bucket_s == stats.BUCKET_WIDTHS_S[0]
 
 
-def test_monitor_cache_keeps_a_result_until_records_change_or_it_expires(db: Database) -> None:
+def test_monitor_cache_recomputes_once_per_interval_and_only_on_change(db: Database) -> None:
     _seed(db, n=40)
     now = [0.0]
-    cache = MonitorCache(3.0, clock=lambda: now[0])
+    cache = MonitorCache(3.0, 30.0, clock=lambda: now[0])
     first = cache.get(db, None)
     assert first.anomalies == anomaly.compute_anomalies(db)
     assert first.rates == anomaly.outcome_rates(db)
-    assert cache.get(db, None) is first  # same records, same interval: not recomputed
+    assert cache.get(db, None) is first  # same interval: not recomputed
     assert cache.get(db, "acme") is not first  # each scope has its own
-    with db.session() as s:  # a new record shows at once
+    with db.session() as s:
         rec = make(task_id="task-new", created_at=T0 - timedelta(days=1))
         rewards.store(s, rec, tenant_id="acme")
+    now[0] = 2.9
+    assert cache.get(db, None) is first  # within the interval, as a live panel
+    now[0] = 3.0  # the next interval: the probe sees the new record
     second = cache.get(db, None)
-    assert second is not first
-    assert "task-new" in {r.task_id for r in second.rates}
-    # a failed record replaced by a verified one dated earlier than the newest shows at once
+    assert second is not first and "task-new" in {r.task_id for r in second.rates}
+    now[0] = 20.0
+    assert cache.get(db, None) is second  # nothing changed: kept past the interval
+    # a failed record replaced by a verified one dated earlier than the newest is seen
     failed = make(status="error", task_id="task-retried", created_at=T0 - timedelta(days=2))
     with db.session() as s:
         rewards.store(s, failed, tenant_id="acme", work_item_id="wi_1")
+    now[0] = 24.0
     third = cache.get(db, None)
     assert third.rates[-1].task_id == "task-retried" and third.rates[-1].error_rate == 1.0
     retry = make(task_id="task-retried", created_at=T0 - timedelta(days=2), reward=1.0)
     with db.session() as s:
         row = rewards.store(s, retry, tenant_id="acme", work_item_id="wi_1", replace_error=True)
         assert row.record_id == retry.record_id  # it did replace the failed one
+    now[0] = 28.0
     fourth = cache.get(db, None)
     assert fourth is not third and fourth.rates[-1].error_rate == 0.0
-    now[0] = 2.9
+    now[0] = 57.9
     assert cache.get(db, None) is fourth
-    now[0] = 3.0  # past ttl_s: computed again even though nothing changed
+    now[0] = 58.0  # max_age_s after it was computed: computed again though nothing changed
     fifth = cache.get(db, None)
     assert fifth is not fourth and fifth == fourth
 
