@@ -28,7 +28,7 @@ import logging
 import time
 
 import docker
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, exists, or_, select, update
 
 from service import audit, sandboxes, scheduler
 from service.context import ServiceContext
@@ -139,11 +139,14 @@ def _verifying_to_running(ctx: ServiceContext) -> int:
     return len(ids)
 
 
+FINAL_EPISODE_STATES = ("verified", "error", "abandoned")
+
+
 def _release_orphan_sandboxes(ctx: ServiceContext) -> int:
     """Leased sandboxes made by an episode start that no episode row names, or whose
     episode already ended (a crash between storing its record and releasing its sandbox:
     found by a crash trial; the sandbox and its quota were held until the lease ran out)."""
-    final = ("verified", "error", "abandoned")
+    final = FINAL_EPISODE_STATES
     with ctx.db.read() as s:
         rows = (
             s.execute(
@@ -232,7 +235,10 @@ class DeadReplicaWork:
     ``snapshotting`` one thawed and put back to ``leased`` (and released when it was a group
     start's prepared sandbox: the request that made it died with its replica), a
     ``verifying`` episode thawed and put back to ``running`` (its worker verifies again
-    through a live replica; a worker gone too loses its claim, and ``reclaim`` abandons it).
+    through a live replica; a worker gone too loses its claim, and ``reclaim`` abandons it),
+    and a group start's leased sandbox (``metadata.episode_role``) that no live episode owns
+    is released (the start died between its lease, fork and episode rows: milliseconds apart
+    on a live replica, so never seen so twice there).
     Only on replicas, and only while the live set is known (Redis answers); otherwise it
     does nothing. Unleased refill rows are the pool's (``PoolManager.reclaim_dead_replicas``).
 
@@ -276,6 +282,16 @@ class DeadReplicaWork:
                     Sandbox.deployment == self.ctx.settings.deployment,
                 )
             ).all()
+            owned = exists().where(
+                Episode.sandbox_id == Sandbox.id, Episode.state.not_in(FINAL_EPISODE_STATES)
+            )
+            left = s.execute(
+                select(Sandbox.id, Sandbox.metadata_, Sandbox.container_id).where(
+                    Sandbox.deployment == self.ctx.settings.deployment,
+                    Sandbox.state == "leased",
+                    ~owned,
+                )
+            ).all()
         untracked = {
             sid: state
             for sid, state, cid in rows
@@ -284,11 +300,22 @@ class DeadReplicaWork:
         untracked.update(
             {f"ep:{ep}": cid or "" for ep, cid in verifying if not cid or f"c:{cid}" not in busy}
         )
+        untracked.update(
+            {
+                f"or:{sid}": (meta or {}).get("episode_role", "")
+                for sid, meta, cid in left
+                if (meta or {}).get("episode_role") in ("prepare", "member")
+                and f"sb:{sid}" not in busy
+                and not (cid and f"c:{cid}" in busy)
+            }
+        )
         confirmed = [sid for sid, state in untracked.items() if self._suspects.get(sid) == state]
         self._suspects = {k: v for k, v in untracked.items() if k not in confirmed}
         for sid in confirmed:
             if sid.startswith("ep:"):
                 counts["reverify"] += self._reverify(sid[3:], untracked[sid])
+            elif sid.startswith("or:"):
+                counts["released"] += self._release_orphan(sid[3:])
             elif untracked[sid] == "starting":
                 self.ctx.pools.mark_failed(sid, "no live replica was starting it (its died)")
                 counts["failed"] += 1
@@ -334,6 +361,17 @@ class DeadReplicaWork:
                     details={"reason": "its snapshot's replica died", "thawed": paused},
                 )
         return bool(got)
+
+    def _release_orphan(self, sandbox_id: str) -> int:
+        """Release a group start's sandbox that no episode came to own (its start died)."""
+        if self._release_prepared(sandbox_id):
+            return 1
+        with self.ctx.db.read() as s:
+            row = s.get(Sandbox, sandbox_id)
+        if row is None or row.state != "leased":
+            return 0
+        _release(self.ctx, row.tenant_id, sandbox_id)
+        return 1
 
     def _reverify(self, episode_id: str, container_id: str) -> int:
         """Thaw a dead replica's verification and put its episode back to ``running``."""

@@ -5,6 +5,8 @@
   another's stream;
 - a replica killed with SIGKILL mid cold start and mid snapshot: the others fail its
   ``starting`` row (quota back) and put its ``snapshotting`` sandbox back to ``leased``;
+  one killed mid group start (prepared sandbox leased, forks starting): the forks are
+  failed and the prepared sandbox released;
 - three replicas run a job with a worker each; one replica and its worker are killed with
   SIGKILL mid-job: the job ends ``done`` with each sample recorded once, no item claimed
   again while a claim on it was live, nothing left held.
@@ -208,6 +210,38 @@ def test_a_dead_replicas_cold_start_and_snapshot_are_finished_by_the_others(
         assert c.post(f"/v1/sandboxes/{sid}/snapshots").status_code == 201
         assert c.delete(f"/v1/sandboxes/{sid}").status_code == 200
     _wait(lambda: cluster.used("rep") == 0, 10)
+
+
+def test_a_group_start_cut_off_by_its_replicas_death_is_given_back(cluster: Cluster) -> None:
+    cluster.start()
+    slow = cluster.start(CRUCIBLE_FAULT_SLOW_MS="create=5000")
+
+    def start() -> None:
+        with cluster.client(slow, "rep") as c, pytest.raises(httpx.TransportError):
+            c.post("/v1/episodes", json={"task_id": TASKS[0], "group_size": 2})
+
+    t = threading.Thread(target=start)
+    t.start()
+    prepare = Sandbox.metadata_["episode_role"].as_string() == "prepare"
+    _wait(  # the prepared sandbox is leased and its forks are starting
+        lambda: (
+            cluster.count(prepare, Sandbox.state == "leased") == 1
+            and cluster.count(Sandbox.state == "starting", Sandbox.tenant_id == "rep") == 2
+        ),
+        90,
+    )
+    slow.kill9()
+    t.join(timeout=10)
+    took = _wait(
+        lambda: (
+            cluster.used("rep") == 0
+            and cluster.count(Sandbox.state.in_(("starting", "leased", "snapshotting"))) == 0
+        ),
+        60,
+    )
+    print(f"the dead replica's group start was given back after {took:.1f} s")
+    assert cluster.count(prepare, Sandbox.state == "released") == 1
+    assert cluster.count(Sandbox.state == "failed", Sandbox.tenant_id == "rep") == 2
 
 
 def test_three_replicas_finish_a_job_through_a_kill_nine_recording_each_sample_once(
