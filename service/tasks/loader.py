@@ -270,6 +270,7 @@ def _load_harbor(task_dir: Path, *, task_id: str, suite: str, notes: list[str]) 
         pass_threshold=crucible.pass_threshold,
         degrades_to=crucible.degrades_to,
         agent_code_in_judge=crucible.agent_code_in_judge,
+        children_privileged=crucible.children_privileged,
         metadata=dict(config.metadata),
         notes=tuple(notes),
     )
@@ -401,6 +402,7 @@ def _load_tb1(task_dir: Path, *, task_id: str, suite: str) -> Task:
         pass_threshold=crucible.pass_threshold,
         degrades_to=crucible.degrades_to,
         agent_code_in_judge=crucible.agent_code_in_judge,
+        children_privileged=crucible.children_privileged,
         metadata=metadata,
         notes=tuple(notes),
     )

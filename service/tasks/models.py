@@ -163,7 +163,9 @@ class CrucibleSection(BaseModel):
     ``agent_code_in_judge``: what an outcome is worth when agent-written code ran inside the
     test process that reported it (the task's tests import the agent's code): ``"zero"``
     (the default: it is the agent's word, scored 0 with the cause) or ``"allow"`` (scored,
-    and the record says ``details.trusted = false``).
+    and the record says ``details.trusted = false``). ``children_privileged``: the processes
+    the tests start keep root's file-mode and user-switching capabilities (default off:
+    they cannot read the hidden tests; a task whose tests run e.g. ``runuser`` turns it on).
     """
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -176,6 +178,7 @@ class CrucibleSection(BaseModel):
     # an easier task of the same suite the scheduler runs instead after K failures in a row
     degrades_to: str | None = Field(None, min_length=1, max_length=200)
     agent_code_in_judge: Literal["zero", "allow"] = "zero"
+    children_privileged: bool = False
 
     @field_validator("verifier")
     @classmethod
@@ -308,8 +311,8 @@ class Task(BaseModel):
     (``[verifier] network = true``). ``pass_threshold``: a reward at or above it counts as
     passed. ``verifier`` and ``verifier_settings`` select and configure the verifier.
     ``degrades_to``: the easier task of the same suite a job runs instead after repeated
-    failures (``[crucible] degrades_to``; see ``service.scheduler``). ``agent_code_in_judge``:
-    ``[crucible] agent_code_in_judge`` (see ``CrucibleSection``).
+    failures (``[crucible] degrades_to``; see ``service.scheduler``). ``agent_code_in_judge``,
+    ``children_privileged``: the ``[crucible]`` keys of the same names (``CrucibleSection``).
 
     ``solution_path`` is the oracle script (None when the task has none Crucible can run);
     ``notes`` lists what the loader accepted but ignored or could not honour.
@@ -340,6 +343,7 @@ class Task(BaseModel):
     pass_threshold: float = Field(1.0, ge=0.0, le=1.0)
     degrades_to: str | None = None
     agent_code_in_judge: Literal["zero", "allow"] = "zero"
+    children_privileged: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
 

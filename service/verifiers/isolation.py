@@ -80,6 +80,7 @@ ENGINE_ENTRIES = frozenset(
     }
 )
 
+HIDDEN_UID = 65533  # owns the tests and the key file; no process runs as it
 MAX_CHANGED_ENTRIES = 50_000
 MAX_PATH_BYTES = 3072  # the host reads layers under a prefix of ~100 bytes; PATH_MAX is 4096
 
@@ -179,23 +180,33 @@ def add_tests(
 ) -> None:
     """Add to ``t`` (extracted at ``/``): ``tests/`` (the task's tests plus ``extra_files``),
     an empty ``logs/verifier/``, Crucible's ``.pth`` in each of ``site_dirs`` and
-    ``private_files`` (absolute path, bytes; mode 0400), all root-owned. Extracting them is
-    the whole test set-up."""
+    ``private_files`` (absolute path, bytes; mode 0400). Extracting them is the whole test
+    set-up.
 
-    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
+    The tests and the private files belong to ``HIDDEN_UID``, a user no process runs as,
+    with no access for anyone else (directories 0700, files 0600 or 0700): the test
+    command and the judging pytest process read them as root through ``DAC_OVERRIDE``, but
+    the processes the judge starts run without it (and without ``FOWNER``, ``CHOWN``,
+    ``SETUID``, ``SETGID``: ``crucible_observer``), so the agent's programs that the tests
+    run can neither read the hidden tests nor take the session keys."""
+
+    def hidden(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = HIDDEN_UID
+        info.uname = info.gname = ""
+        info.mode = 0o700 if info.isdir() or info.mode & 0o100 else 0o600
         return info
 
-    for name in ("tests", "logs", "logs/verifier"):
+    for name, mode in (("tests", 0o700), ("logs", 0o755), ("logs/verifier", 0o755)):
         d = tarfile.TarInfo(name)
-        d.type, d.mode = tarfile.DIRTYPE, 0o755
+        d.type, d.mode = tarfile.DIRTYPE, mode
+        if name == "tests":
+            d = hidden(d)
         t.addfile(d)
     if tests_dir is not None:
         for child in sorted(tests_dir.iterdir()):
-            t.add(str(child), arcname=f"tests/{child.name}", filter=owned)
+            t.add(str(child), arcname=f"tests/{child.name}", filter=hidden)
     for f in extra_files:
-        t.add(str(f), arcname=f"tests/{f.name}", filter=owned)
+        t.add(str(f), arcname=f"tests/{f.name}", filter=hidden)
     pth = PTH_SOURCE.read_bytes()
     for site in site_dirs:
         info = tarfile.TarInfo(f"{site.strip('/')}/{PTH_NAME}")
@@ -204,4 +215,5 @@ def add_tests(
     for path, data in private_files:
         info = tarfile.TarInfo(path.strip("/"))
         info.size, info.mode = len(data), 0o400
+        info.uid = info.gid = HIDDEN_UID
         t.addfile(info, io.BytesIO(data))

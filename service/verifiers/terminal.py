@@ -71,6 +71,7 @@ class TerminalCheck:
     env: dict[str, str] = field(default_factory=dict)
     max_end_state_bytes: int | None = None  # the task's storage limit
     agent_code_in_judge: str = "zero"  # [crucible] agent_code_in_judge: "zero" | "allow"
+    children_privileged: bool = False  # [crucible] children_privileged
 
 
 def parse_reward(
@@ -281,6 +282,13 @@ def verify(
                 raise
             reason = f"the workdir {check.workdir} is not a directory in the end state"
             return _zero("workdir_gone", reason, t0, **tampered)
+        except SandboxError as e:
+            if not runtime.ping():
+                raise  # the engine is gone: Crucible's failure, not the end state's
+            # The engine answers, but the command's handler went away mid-run: something
+            # the tests ran killed it (a trial's child killed its crucible-exec).
+            reason = f"the test command's supervisor was lost while the tests ran: {e.detail}"
+            return _zero("supervisor_lost", reason, t0, **tampered)
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
         private: dict[str, Any] = {"log_tail": log_tail}
         if res.timed_out:
@@ -358,6 +366,7 @@ def verifier_env(check: TerminalCheck, pristine_before: int, agent_until: int) -
     env = {**check.env, **VERIFIER_ENV}
     plugins = [p for p in check.env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
     env["PYTEST_PLUGINS"] = ",".join(["crucible_observer", *plugins])
+    env["CRUCIBLE_CHILDREN_PRIVILEGED"] = "1" if check.children_privileged else "0"
     if "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in check.env:
         env["CRUCIBLE_RESTORE_AUTOLOAD"] = "1"
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -432,6 +441,7 @@ def check_for(task: Task) -> TerminalCheck:
         max_end_state_bytes=task.environment.storage_mb << 20,
         fetches_tools=task.verifier_network,
         agent_code_in_judge=task.agent_code_in_judge,
+        children_privileged=task.children_privileged,
     )
 
 

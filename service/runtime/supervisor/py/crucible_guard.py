@@ -38,11 +38,14 @@ tests. So the judging process is watched, not trusted to stay clean: an audit ho
 name (``compile``), every extension module and shared library loaded (``import`` with a
 file, ``ctypes.dlopen``), and names each agent-written file among them (the module's file,
 its cached bytecode, the code's own file name) *before* that code runs (``watch_agent_code``).
+Agent-written includes what changed while the judge ran and it did not write itself (the
+programs the tests run are the agent's), and text the tests compile or evaluate themselves
+counts as the agent's too (``_tests_compile``).
 The observer signs and sends each one, so the verifier knows the outcome came from a
 process where the agent's code ran and does not count it (``service.verifiers.terminal``).
-What the hook cannot attribute is text the tests themselves read from an agent's file and
-hand to ``exec``/``eval`` under a made-up name, or data they unpickle: the task's tests
-then execute the agent's input on purpose.
+What the hook cannot attribute is text a library (not the tests' own code) evaluates on
+the tests' behalf, or data the tests unpickle: the task's tests then execute the agent's
+input on purpose.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ _TRUSTED_PREFIXES = ("/tests/", "/opt/crucible/")
 _PYTEST_NAMES = ("pytest", "py.test", "pytest-3")
 _state = {"strict": False}
 _watch = {"sink": None, "seen": set(), "pending": [], "busy": False}
+# In a process that judges: when it started (ns) and the files it wrote itself since.
+_run = {"since": 0, "own": set()}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 def _is_pytest_process() -> bool:
@@ -101,8 +107,12 @@ def _location(spec) -> str | None:  # noqa: ANN001 (ModuleSpec; kept 3.8-compati
 
 
 def is_agent_written(path: str, window: tuple[int, int]) -> bool:
-    """True when ``path`` (a module file or package directory) arrived with the end state:
-    its change time lies in ``window`` (``_threshold``)."""
+    """True when ``path`` (a module file or package directory) may hold the agent's
+    bytes: its change time lies in ``window`` (``_threshold``: it arrived with the end
+    state), or, in a process that judges, at or after the moment it started unless the
+    process wrote it itself (``_run``): then a program the tests ran wrote it while the
+    tests ran (a trial's ``make clean`` planted ``/app/html.py`` for a later lazy
+    ``import html`` in the judge)."""
     start, end = window
     if start <= 0 or path.startswith(_TRUSTED_PREFIXES):
         return False
@@ -110,7 +120,10 @@ def is_agent_written(path: str, window: tuple[int, int]) -> bool:
         ctime = os.stat(path).st_ctime_ns
     except OSError:
         return False
-    return ctime >= start and (end <= 0 or ctime < end)
+    if ctime >= start and (end <= 0 or ctime < end):
+        return True
+    since = _run["since"]
+    return since > 0 and ctime >= since and os.path.abspath(path) not in _run["own"]
 
 
 class PristineFirstFinder:
@@ -163,7 +176,12 @@ def watch_agent_code(sink) -> None:  # noqa: ANN001 (Callable[[str, str], None])
 def _seen(path, how: str, window: tuple[int, int]) -> None:  # noqa: ANN001
     if not isinstance(path, str) or not path.startswith("/") or path in _watch["seen"]:
         return
-    if not is_agent_written(path, window):
+    if is_agent_written(path, window):
+        _report(path, how)
+
+
+def _report(path: str, how: str) -> None:
+    if path in _watch["seen"]:
         return
     _watch["seen"].add(path)
     sink = _watch["sink"]
@@ -184,19 +202,56 @@ def _module_files(frame) -> tuple:  # noqa: ANN001
     return namespace.get("__file__"), namespace.get("__cached__")
 
 
+def _own_write(event: str, args: tuple) -> None:
+    """Remember a file this process opens for writing or renames into place."""
+    if event == "open":
+        path, mode, flags = (tuple(args) + (None, None, None))[:3]
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS
+        )
+        if not writes or isinstance(path, int) or path is None:
+            return
+    else:  # os.rename / os.replace: (src, dst, src_dir_fd, dst_dir_fd)
+        path = args[1] if len(args) > 1 else None
+        if path is None or isinstance(path, int):
+            return
+    _run["own"].add(os.path.abspath(os.fsdecode(path)))
+
+
+def _tests_compile(frame) -> str | None:  # noqa: ANN001
+    """``file:line`` of the task's tests when they compile or evaluate text themselves
+    (``exec(src)``, ``eval``, ``compile``): the text is the tests' input, which the
+    verifier cannot tell from the agent's (a trial committed a forging ``pricing.py`` that
+    the tests ``exec``-ed). Loading the tests' own helper files through importlib is not
+    this (importlib's frame calls ``compile``)."""
+    if frame is None:
+        return None
+    where = frame.f_code.co_filename
+    return f"{where}:{frame.f_lineno}" if where.startswith("/tests/") else None
+
+
 def _audit_hook(window: tuple[int, int]):  # noqa: ANN202
+    watched = ("exec", "compile", "import", "ctypes.dlopen", "open", "os.rename")
+
     def hook(event: str, args: tuple) -> None:
-        if _watch["busy"] or event not in ("exec", "compile", "import", "ctypes.dlopen"):
+        if _watch["busy"] or event not in watched:
             return
         _watch["busy"] = True
         try:
-            if event == "exec":
+            if event in ("open", "os.rename"):
+                _own_write(event, args)
+            elif event == "exec":
                 code = args[0] if args else None
                 for i, path in enumerate(_module_files(sys._getframe(1))):
                     _seen(path, "bytecode" if i else "exec", window)
                 _seen(getattr(code, "co_filename", None), "exec", window)
             elif event == "compile":
-                _seen(args[1] if len(args) > 1 else None, "compile", window)
+                source, filename = (tuple(args) + (None, None))[:2]
+                _seen(filename, "compile", window)
+                if isinstance(source, (str, bytes)):
+                    where = _tests_compile(sys._getframe(1))
+                    if where is not None:
+                        _report(where, "tests_compile")
             elif event == "import":
                 _seen(args[1] if len(args) > 1 else None, "extension", window)
             else:
@@ -224,6 +279,9 @@ def install() -> None:
     if not relaxed and (_state["strict"] or _holds_observation_pipe()):
         # a process that may become the judge is watched from its first instruction (a
         # hook added later would miss code that ran before it)
+        import time
+
+        _run["since"] = time.time_ns()
         sys.addaudithook(_audit_hook(threshold))
 
 

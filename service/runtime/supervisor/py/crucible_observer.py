@@ -121,7 +121,9 @@ class _Observer:
         self.pid = os.getpid()
         self.nonce, self.index, key, seed = secret
         self.key = key.encode()
-        self.rng = random.Random(f"{seed}/{self.index}")
+        # seeded by the session's own key too: the seed alone (in the key file) does not
+        # tell where the canaries go
+        self.rng = random.Random(f"{seed}/{self.index}/{key}")
         self.canaries = {}  # nodeid -> "pass" | "fail"
         self.phases = {}  # nodeid -> outcome so far
 
@@ -188,10 +190,16 @@ class _Observer:
         self._phase(item.nodeid, report.when, result)
 
     def _phase(self, nodeid: str, when: str, result: str) -> None:
-        so_far = self.phases.get(nodeid, "passed")
-        if so_far == "passed" and (when == "call" or result != "passed"):
-            so_far = result
-        self.phases[nodeid] = so_far
+        """A test passes only through a passed call with passed setup and teardown; one
+        set up and never called (the session interrupted) ends ``incomplete``: an error."""
+        state = self.phases.get(nodeid)
+        if when == "setup":
+            state = "incomplete" if result == "passed" else result
+        elif when == "call":
+            state = result if state in (None, "incomplete") else state
+        elif state in ("passed", None) and result != "passed":
+            state = result
+        self.phases[nodeid] = state or "incomplete"
         if when == "teardown":
             self._finish(nodeid)
 
@@ -199,6 +207,8 @@ class _Observer:
         result = self.phases.pop(nodeid, None)
         if result is None:
             return
+        if result == "incomplete":  # set up, never called or torn down (interrupted)
+            result = "error"
         fields = {"id": nodeid[:_MAX_ID], "o": result}
         if nodeid in self.canaries:
             fields["c"] = self.canaries[nodeid]
@@ -255,12 +265,99 @@ def _pristine_plugins() -> list:
     return names
 
 
+# Capabilities the processes the judge starts run without (linux/capability.h): CHOWN 0,
+# DAC_OVERRIDE 1, DAC_READ_SEARCH 2, FOWNER 3, SETGID 6, SETUID 7. The tests and the key
+# file belong to a user nobody runs as, mode 0700/0600: without these a child, even as
+# root, can neither read them nor chmod, chown or become their owner; and with
+# ``no-new-privileges`` (every sandbox) an ``execve`` never gives them back.
+_CHILD_DROPS = (0, 1, 2, 3, 6, 7)
+_CAP_VERSION_3 = 0x20080522
+
+
+def _restrict_children() -> None:
+    """Make every process this one starts lose ``_CHILD_DROPS`` before it runs anything:
+    ``subprocess`` (and what uses it: ``os.popen``, ``asyncio``) through a ``preexec_fn``,
+    ``os.fork``/``forkpty``/``multiprocessing`` through an at-fork hook, ``os.system`` and
+    ``os.posix_spawn[p]`` routed through ``subprocess``. A child whose capabilities cannot
+    be dropped exits 126 before it runs (fail closed). Skipped when the task declares
+    ``[crucible] children_privileged = true`` (``CRUCIBLE_CHILDREN_PRIVILEGED=1``)."""
+    if os.environ.get("CRUCIBLE_CHILDREN_PRIVILEGED") == "1":
+        return
+    import ctypes
+    import subprocess
+
+    class _Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class _Data(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_uint32) for f in ("effective", "permitted", "inheritable")]
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        capget, capset = libc.capget, libc.capset
+    except (OSError, AttributeError) as e:
+        sys.stderr.write(f"crucible_observer: cannot restrict child processes: {e}\n")
+        return
+    header, data = _Header(_CAP_VERSION_3, 0), (_Data * 2)()
+    mask = ~sum(1 << c for c in _CHILD_DROPS) & 0xFFFFFFFF
+
+    def drop() -> None:
+        # runs in the child between fork and exec: no allocation-heavy work
+        header.version, header.pid = _CAP_VERSION_3, 0
+        if capget(ctypes.byref(header), data) != 0:
+            os._exit(126)
+        for f in ("effective", "permitted", "inheritable"):
+            setattr(data[0], f, getattr(data[0], f) & mask)
+        if capset(ctypes.byref(header), data) != 0:
+            os._exit(126)
+
+    os.register_at_fork(after_in_child=drop)
+    popen_init = subprocess.Popen.__init__
+
+    def init(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        user_fn = kwargs.get("preexec_fn")
+        if len(args) > 7:  # preexec_fn given by position (the 8th parameter)
+            args = list(args)
+            user_fn, args[7] = args[7], None
+            args = tuple(args)
+
+        def preexec() -> None:
+            drop()
+            if user_fn is not None:
+                user_fn()
+
+        kwargs["preexec_fn"] = preexec
+        popen_init(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = init
+    subprocess._USE_POSIX_SPAWN = False
+
+    def system(command) -> int:  # noqa: ANN001
+        rc = subprocess.call(command, shell=True)
+        return rc << 8 if rc >= 0 else -rc
+
+    def spawn(path, argv, env, *args, **kwargs) -> int:  # noqa: ANN001, ANN002, ANN003
+        if args or kwargs:
+            raise NotImplementedError("posix_spawn options in Crucible's verifier")
+        return subprocess.Popen(list(argv), executable=path, env=env).pid
+
+    def spawnp(file, argv, env, *args, **kwargs) -> int:  # noqa: ANN001, ANN002, ANN003
+        if args or kwargs:
+            raise NotImplementedError("posix_spawnp options in Crucible's verifier")
+        return subprocess.Popen([file, *list(argv)[1:]], env=env).pid
+
+    os.system = system
+    if hasattr(os, "posix_spawn"):
+        os.posix_spawn, os.posix_spawnp = spawn, spawnp
+
+
 def _watched(channel):  # noqa: ANN001, ANN202
     """The observer for ``channel``, already hearing of agent-written code that runs in this
     process (before any of it can, since nothing agent-written imports until the tests'
     conftests load), or None without a channel."""
     if channel is None:
         return None
+    _restrict_children()
     observer = _Observer(*channel)
     try:
         import crucible_guard

@@ -1,5 +1,6 @@
 """Verifier for git-resolve-merge-conflict."""
 
+import json
 import os
 import subprocess
 import sys
@@ -29,12 +30,46 @@ def git(*args):
     return r.stdout
 
 
-def _committed_pricing():
-    """Import pricing.py exactly as committed on main (not the working tree)."""
+# Runs the committed pricing.py in a child process and prints plain JSON: the test process
+# that reports never executes the agent's code (it would have the reporter's rights).
+PRICING_DRIVER = r"""
+import json, sys
+req = json.load(sys.stdin)
+ns = {}
+exec(compile(req["src"], "pricing.py", "exec"), ns)
+def plain(v):
+    return v if type(v) in (int, str, bool, type(None)) else {"type": type(v).__name__}
+rates = ns.get("VAT_RATES")
+out = {"VAT_RATES": {str(k): plain(v) for k, v in rates.items()} if type(rates) is dict else None}
+calls = []
+for args, kwargs in req["calls"]:
+    try:
+        calls.append(plain(ns["gross_cents"](*args, **kwargs)))
+    except ValueError:
+        calls.append({"raises": "ValueError"})
+    except Exception as e:
+        calls.append({"raises": type(e).__name__})
+out["calls"] = calls
+print(json.dumps(out))
+"""
+RATES = {"UK": 20, "DE": 19, "FR": 20, "IE": 23}
+
+
+def committed_pricing(calls):
+    """What pricing.py as committed on main (not the working tree) gives for ``calls``
+    (``[args, kwargs]`` of ``gross_cents``), and its ``VAT_RATES``, from a child process."""
     src = git("show", "main:shopcalc/pricing.py")
-    ns = {}
-    exec(compile(src, "pricing.py", "exec"), ns)
-    return ns
+    r = subprocess.run(
+        [sys.executable, "-c", PRICING_DRIVER],
+        input=json.dumps({"src": src, "calls": calls}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert isinstance(out, dict) and len(out.get("calls") or []) == len(calls), out
+    return out
 
 
 def test_merge_commit_parents():
@@ -70,37 +105,38 @@ def test_changelog():
 
 
 def test_combined_pricing_behaviour():
-    ns = _committed_pricing()
-    g = ns["gross_cents"]
-    assert ns["VAT_RATES"] == {"UK": 20, "DE": 19, "FR": 20, "IE": 23}
-    assert g(1000) == 1200
-    assert g(1000, "DE") == 1190
-    assert g(999, region="IE") == 1229
-    assert g(1000, discount_pct=10) == 1080
-    assert g(1000, region="DE", discount_pct=10) == 1071
-    assert g(999, "IE", 15) == 1044
-    assert g(1234, region="FR", discount_pct=33) == 992
-    assert g(1, region="UK", discount_pct=50) == 1
-    assert g(999, region="DE", discount_pct=100) == 0
+    cases = [
+        (((1000,), {}), 1200),
+        (((1000, "DE"), {}), 1190),
+        (((999,), {"region": "IE"}), 1229),
+        (((1000,), {"discount_pct": 10}), 1080),
+        (((1000,), {"region": "DE", "discount_pct": 10}), 1071),
+        (((999, "IE", 15), {}), 1044),
+        (((1234,), {"region": "FR", "discount_pct": 33}), 992),
+        (((1,), {"region": "UK", "discount_pct": 50}), 1),
+        (((999,), {"region": "DE", "discount_pct": 100}), 0),
+    ]
     for n in range(0, 3000, 37):
-        for region, rate in ns["VAT_RATES"].items():
+        for region, rate in RATES.items():
             for d in (0, 5, 12, 50, 99):
-                assert g(n, region=region, discount_pct=d) == (n * (100 - d) * (100 + rate) + 5000) // 10000
+                want = (n * (100 - d) * (100 + rate) + 5000) // 10000
+                cases.append((((n,), {"region": region, "discount_pct": d}), want))
+    out = committed_pricing([[list(a), k] for (a, k), _ in cases])
+    assert out["VAT_RATES"] == RATES
+    for ((args, kwargs), want), got in zip(cases, out["calls"]):
+        assert got == want, (args, kwargs, got)
 
 
 def test_validation():
-    g = _committed_pricing()["gross_cents"]
-    for kwargs in (
+    bad = (
         {"region": "XX"},
         {"discount_pct": -1},
         {"discount_pct": 101},
         {"region": "DE", "discount_pct": 150},
-    ):
-        try:
-            g(1000, **kwargs)
-        except ValueError:
-            continue
-        raise AssertionError(f"no ValueError for {kwargs}")
+    )
+    out = committed_pricing([[[1000], kwargs] for kwargs in bad])
+    for kwargs, got in zip(bad, out["calls"]):
+        assert got == {"raises": "ValueError"}, f"no ValueError for {kwargs}"
 
 
 def test_project_tests_pass():

@@ -13,7 +13,9 @@ import subprocess
 import sys
 
 PKG = "/app/semverlite"
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "semver_calls.py")
+# read here: the processes this one starts cannot read the tests (Crucible hides them)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "semver_calls.py")) as f:
+    DRIVER = f.read()
 
 TESTS_SHA256 = "ffc285b3221def9e70ad203fdf494c6bc662243be1609f5a6ecac30f6821db66"
 
@@ -21,7 +23,7 @@ TESTS_SHA256 = "ffc285b3221def9e70ad203fdf494c6bc662243be1609f5a6ecac30f6821db66
 def call(*calls):
     """Results of ``calls`` (``[op, *args]``, see ``semver_calls.py``), from a child process."""
     r = subprocess.run(
-        [sys.executable, DRIVER],
+        [sys.executable, "-c", DRIVER],
         input=json.dumps(calls),
         capture_output=True,
         text=True,
