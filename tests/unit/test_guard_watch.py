@@ -135,3 +135,35 @@ def test_outside_a_verification_nothing_is_watched(
 ) -> None:
     work, _ = tree
     assert run(work, "import agent_mod", (0, 0)) == []
+
+
+def test_text_the_tests_evaluate_themselves_counts_as_agent_code(
+    tree: tuple[Path, tuple[int, int]],
+) -> None:
+    """A trial committed a forging file that the task's tests ``exec``-ed under a made-up
+    name: text compiled from the tests' own frames is the agent's as far as the verifier
+    knows. The same text evaluated by a library (dataclasses, namedtuple) is not."""
+    work, window = tree
+    tests_code = "exec(compile(\"exec('x = 1')\", '/tests/test_outputs.py', 'exec'))"
+    seen = run(work, tests_code, window)
+    assert seen and seen[0][:2] == ["/tests/test_outputs.py:1", "tests_compile"], seen
+    library = "import collections; collections.namedtuple('P', 'x y')"
+    assert run(work, library, window) == []
+
+
+def test_a_file_changed_while_the_judge_runs_is_the_agents_unless_it_wrote_it(
+    tree: tuple[Path, tuple[int, int]],
+) -> None:
+    """A program the tests ran planted ``/app/html.py`` for a later lazy import in the
+    judge; files the judge writes itself (its own bytecode caches, outputs) stay its own."""
+    work, window = tree
+    planted = (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', "
+        f"\"open({str(work)!r} + '/late.py', 'w').write('X = 1')\"], check=True)\n"
+        "import importlib; importlib.invalidate_caches(); import late"
+    )
+    seen = run(work, planted, window)
+    assert seen and seen[0][0].endswith("/late.py"), seen
+    own = f"open({str(work)!r} + '/mine.py', 'w').write('X = 1')\nimport mine"
+    assert run(work, own, window) == []
