@@ -259,7 +259,12 @@ def test_a_script_the_tests_run_cannot_forge_through_the_shells_pipe(stack: Stac
     rec = verify(stack, ep)
     v = rec["verifier"]
     assert (rec["reward"], v["status"]) == (0.0, "ok"), v
-    assert v["details"]["dodge"] == "tampered", v["details"]
+    # The script, a child of the judge, runs without the capabilities the shell holds, so
+    # it cannot open the shell's /proc entries (the kernel refuses access to a process
+    # with capabilities the caller lacks) nor the key file: it fails, and so do the tests.
+    # (Before the children were restricted its unsigned lines were caught as tampered.)
+    assert v["details"].get("dodge") in (None, "tampered"), v["details"]
+    assert v["details"]["tests"].get("passed", 0) < v["details"]["tests"]["total"]
 
 
 # Found by a second red-team trial (reward 1.0 on word-frequency-top20 and repair-ini-config):
