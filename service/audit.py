@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from service.db.engine import Database
@@ -58,26 +58,39 @@ def record(
 ) -> AuditEvent:
     """Append one event inside ``session``'s transaction and return it.
 
-    ``details`` must be JSON-serializable; it is stored and hashed as given.
+    ``details`` must be JSON-serializable; it is stored and hashed as given. The returned
+    event is a detached copy of the stored row (written with Core statements: the ORM
+    session never tracks it), so changing it changes nothing stored.
     """
-    # The head row is created by the initial migration; this UPDATE takes its row lock.
-    session.execute(update(AuditChain).where(AuditChain.id == 1).values(seq=AuditChain.seq + 1))
-    head = session.execute(select(AuditChain).where(AuditChain.id == 1)).scalar_one()
-    session.refresh(head)
+    # The head row is created by the initial migration; this UPDATE takes its row lock and
+    # returns the new head in the same statement (SQLite >= 3.35 and PostgreSQL: RETURNING).
+    # Core statements, not the ORM unit of work: one round trip each, no flush, no refresh.
+    seq, prev_hash = session.execute(
+        update(AuditChain)
+        .where(AuditChain.id == 1)
+        .values(seq=AuditChain.seq + 1)
+        .returning(AuditChain.seq, AuditChain.last_hash)
+        .execution_options(synchronize_session=False)
+    ).one()
     ev = AuditEvent(
-        seq=head.seq,
+        seq=seq,
         ts=datetime.now(UTC).isoformat(timespec="microseconds"),
         tenant_id=tenant_id,
         key_id=key_id,
         action=action,
         sandbox_id=sandbox_id,
         details=json.loads(json.dumps(details or {})),  # normalize to what JSON stores
-        prev_hash=head.last_hash,
+        prev_hash=prev_hash,
         hash="",
     )
     ev.hash = canonical_hash(ev.prev_hash, _fields(ev))
-    head.last_hash = ev.hash
-    session.add(ev)
+    session.execute(insert(AuditEvent).values(**_fields(ev), prev_hash=prev_hash, hash=ev.hash))
+    session.execute(
+        update(AuditChain)
+        .where(AuditChain.id == 1)
+        .values(last_hash=ev.hash)
+        .execution_options(synchronize_session=False)
+    )
     return ev
 
 

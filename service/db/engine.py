@@ -1,6 +1,7 @@
 """Engine and session factory; migrations run through Alembic at start-up.
 
-SQLite (embedded default) runs in WAL mode and every transaction starts with
+SQLite (embedded default) runs in WAL mode with ``synchronous=FULL`` (a commit is durable
+when it returns) and every transaction starts with
 ``BEGIN IMMEDIATE`` so concurrent writers queue on the busy timeout instead of failing on
 a lock upgrade. PostgreSQL runs at READ COMMITTED; correctness comes from guarded UPDATEs.
 """
@@ -29,7 +30,9 @@ def _sqlite_setup(engine: Engine) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
+        # FULL: WAL synced at every commit, so a committed audit event survives power loss
+        # (NORMAL only survives a process crash). docs/architecture.md "Databases".
+        cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()

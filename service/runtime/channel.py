@@ -129,6 +129,10 @@ class ControlChannel:
         self._conn = conn
         self._lock = threading.Lock()
         self._dead = False
+        # A handler asked for ahead of time ("N" sent, reply not read yet: ``_pending``),
+        # then held ready (``_spare``): the fork and the hand-over leave the request path.
+        self._pending = False
+        self._spare: socket.socket | None = None
 
     def open_keeper(self) -> socket.socket:
         """A handler that may become a keeper (``spawn``). Raises ``Unavailable`` (no
@@ -145,6 +149,7 @@ class ControlChannel:
         with self._lock:
             if self._dead:
                 raise Unavailable("the channel failed before")
+            self._collect()  # replies come in request order: the prefetched one first
             try:
                 self._conn.settimeout(OPEN_TIMEOUT_S)
                 self._conn.sendall(message)
@@ -163,32 +168,87 @@ class ControlChannel:
 
     def open(self) -> socket.socket:
         """A connected socket to a new handler. Raises ``Unavailable`` (then, and for good,
-        the caller uses ``docker exec``)."""
+        the caller uses ``docker exec``).
+
+        The handler comes from the spare asked for by the previous call when that one is
+        still alive (a handler is identity-free until it reads its record, so any request
+        may use it); the next spare is then asked for without waiting for it. A spare
+        killed meanwhile (a fork-bomb reclaim kills everything but init and the
+        supervisor) is dropped unused and a fresh handler asked for as before.
+        """
         with self._lock:
             if self._dead:
                 raise Unavailable("the channel failed before")
+            self._collect()
+            sock, self._spare = self._spare, None
+            if sock is not None and not _alive(sock):
+                sock.close()
+                sock = None
+            if sock is None:
+                sock = self._fresh()
             try:
-                self._conn.settimeout(OPEN_TIMEOUT_S)
-                self._conn.sendall(b"N")
-                _, fds, _, _ = socket.recv_fds(self._conn, 1, 1)
-            except OSError as e:
-                self._fail()
-                raise Unavailable(f"no handler from the supervisor: {e}") from None
-            if len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                self._fail()
-                raise Unavailable("the supervisor could not start a handler")
+                self._conn.sendall(b"N")  # the next spare; its reply is read next time
+                self._pending = True
+            except OSError:
+                self._fail()  # this call's handler still serves; the next one falls back
+        return sock
+
+    def _fresh(self) -> socket.socket:
+        """Ask for a handler and wait for it (``_lock`` held, nothing pending)."""
+        try:
+            self._conn.settimeout(OPEN_TIMEOUT_S)
+            self._conn.sendall(b"N")
+            _, fds, _, _ = socket.recv_fds(self._conn, 1, 1)
+        except OSError as e:
+            self._fail()
+            raise Unavailable(f"no handler from the supervisor: {e}") from None
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            self._fail()
+            raise Unavailable("the supervisor could not start a handler")
         return socket.socket(fileno=fds[0])
+
+    def _collect(self) -> None:
+        """Read the prefetched handler's reply into ``_spare`` (``_lock`` held). A refusal
+        (no pid to fork with) leaves no spare; a broken connection raises ``Unavailable``."""
+        if not self._pending:
+            return
+        self._pending = False
+        try:
+            self._conn.settimeout(OPEN_TIMEOUT_S)
+            _, fds, _, _ = socket.recv_fds(self._conn, 1, 1)
+        except OSError as e:
+            self._fail()
+            raise Unavailable(f"no handler from the supervisor: {e}") from None
+        if len(fds) == 1:
+            self._spare = socket.socket(fileno=fds[0])
+        else:
+            for fd in fds:
+                os.close(fd)
 
     def _fail(self) -> None:
         self._dead = True
         self._conn.close()  # a handler passed late is closed with it: nothing runs
+        if self._spare is not None:
+            self._spare.close()  # the unused handler reads EOF and exits
+            self._spare = None
 
     def close(self) -> None:
         """Drop the connection (the supervisor then just idles)."""
         with self._lock:
             self._fail()
+
+
+def _alive(sock: socket.socket) -> bool:
+    """True while the handler at the other end of ``sock`` has not gone (no EOF, no data:
+    a handler says nothing before it has read its record)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 def frames(
