@@ -1,0 +1,383 @@
+"""Crucible against its peers, measured in one run on this machine, with ratios Crucible/peer.
+
+    .venv/bin/python bench/peers.py [--n 100] [--json] [--skip-swerex]
+
+Measured in the same run (a real ``crucible serve``, embedded SQLite, the exec channel):
+- one-shot exec p50/p99: ``POST /v1/sandboxes/{id}/exec`` of ``echo hi`` (auth and a durable
+  audit event included) against raw ``docker exec`` (docker SDK) and SWE-ReX's client
+  talking straight to its in-sandbox server (``swerex-remote``: no control plane, no audit);
+- session command p50: a Crucible session's ``run`` against SWE-ReX's ``run_in_session``;
+- throughput with 32 sandboxes executing at once (one client thread each), against raw
+  ``docker exec`` with the same 32 threads;
+- warm lease p50, and 128 leases arriving at once (pool sized from that demand) p99.
+
+SWE-ReX is installed into its own venv (``build/peers-venv``, made on first run) and its
+server into an image built FROM our local base image (no registry here; PyPI through the
+host's CA bundle). ROCK (``rl-rock``) always asks Docker for ``--privileged``, which this
+engine refuses ("unable to apply caps"), and Harbor needs compose v2: both are reported as
+not measured, with the reason, rather than guessed. A peer that fails to install or start
+is reported with the error; nothing is made up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Series, Served, serve  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_VENV = ROOT / "build" / "peers-venv"
+SWEREX_IMAGE = "crucible-bench/swerex:latest"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+NOT_HERE = {
+    "ROCK (rl-rock)": "not measured: ROCK always starts sandboxes with --privileged, which "
+    "this engine refuses (unable to apply caps: the VM lacks CAP_SYS_RESOURCE)",
+    "Harbor (harbor)": "not measured in this run: needs compose v2 (Debian 13's "
+    "docker-compose unpacked) and HARBOR_TELEMETRY=0; not set up by this bench",
+}
+
+
+def _rest_exec(c: httpx.Client, sid: str) -> None:
+    r = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo hi"})
+    assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
+
+
+def _raw_exec(engine: docker.DockerClient, cid: str) -> None:
+    ex = engine.api.exec_create(cid, ["sh", "-c", "echo hi"])
+    assert engine.api.exec_start(ex["Id"]) == b"hi\n"
+
+
+def _series(name: str, fn: Any, n: int) -> Series:
+    ms = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return Series(name, ms)
+
+
+def _throughput(fns: list[Any], seconds: float) -> float:
+    """Calls per second with one thread per callable, each looping for ``seconds``."""
+    done = [0] * len(fns)
+    stop = time.monotonic() + seconds
+
+    def loop(i: int) -> None:
+        while time.monotonic() < stop:
+            fns[i]()
+            done[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(fns))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - t0)
+
+
+def _container(engine: docker.DockerClient, sid: str) -> str:
+    return engine.containers.list(filters={"label": f"crucible.sandbox_id={sid}"})[0].id
+
+
+def crucible_and_docker(srv: Served, n: int, console: Console) -> dict[str, Any]:
+    """Every Crucible figure and the raw docker exec baselines, in one served control plane."""
+    engine = docker.from_env()
+    out: dict[str, Any] = {}
+    with srv.client() as c:
+        sb = c.post("/v1/sandboxes", json={"template": "terminal"}).json()
+        cid = _container(engine, sb["id"])
+        for _ in range(10):
+            _rest_exec(c, sb["id"])
+            _raw_exec(engine, cid)
+        rest, raw = [], []
+        with console.status("one-shot exec"):
+            for _ in range(n):  # interleaved so noise hits both alike
+                rest.append(_series("", lambda: _rest_exec(c, sb["id"]), 1).ms[0])
+                raw.append(_series("", lambda: _raw_exec(engine, cid), 1).ms[0])
+        out["crucible_exec"] = Series("Crucible REST exec", rest)
+        out["docker_exec"] = Series("docker exec (SDK)", raw)
+        sess = c.post(f"/v1/sandboxes/{sb['id']}/sessions", json={"pty": False}).json()
+
+        def session_cmd() -> None:
+            r = c.post(
+                f"/v1/sandboxes/{sb['id']}/sessions/{sess['id']}/run", json={"command": "echo hi"}
+            )
+            assert r.status_code == 200 and "hi" in r.json()["output"], r.text
+
+        with console.status("session commands"):
+            for _ in range(5):
+                session_cmd()
+            out["crucible_session"] = _series("Crucible session run", session_cmd, n)
+        c.delete(f"/v1/sandboxes/{sb['id']}")
+    return out
+
+
+def concurrent32(srv: Served, console: Console, seconds: float) -> dict[str, float]:
+    """Execs per second with 32 sandboxes executing at once: Crucible REST vs docker exec."""
+    engine = docker.from_env()
+    with srv.client() as c, console.status("32 sandboxes at once"):
+        sids = [
+            c.post("/v1/sandboxes", json={"template": "terminal"}).json()["id"] for _ in range(32)
+        ]
+        clients = [srv.client() for _ in sids]
+        cids = [_container(engine, s) for s in sids]
+        crucible = _throughput(
+            [lambda cl=cl, s=s: _rest_exec(cl, s) for cl, s in zip(clients, sids, strict=True)],
+            seconds,
+        )
+        raw = _throughput([lambda cid=cid: _raw_exec(engine, cid) for cid in cids], seconds)
+        for cl in clients:
+            cl.close()
+        for s in sids:
+            c.delete(f"/v1/sandboxes/{s}")
+    return {"crucible_per_s": round(crucible, 1), "docker_exec_per_s": round(raw, 1)}
+
+
+def leases(srv: Served, n: int, burst: int, console: Console) -> dict[str, Series]:
+    """Warm lease latency one at a time, then ``burst`` leases at once from a pool that size."""
+    with srv.client() as c:
+
+        def warm() -> int:
+            return c.get("/v1/pools/terminal").json()["warm"]
+
+        def wait_warm(k: int) -> None:
+            deadline = time.monotonic() + 600
+            while warm() < k and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+        ms = []
+        with console.status("warm leases"):
+            for _ in range(n):
+                wait_warm(1)
+                t0 = time.perf_counter()
+                r = c.post("/v1/sandboxes", json={"template": "terminal", "ttl_s": 300})
+                ms.append((time.perf_counter() - t0) * 1e3)
+                r.raise_for_status()
+                c.delete(f"/v1/sandboxes/{r.json()['id']}")
+        with console.status(f"pool filling to {burst}"):
+            wait_warm(burst)
+        clients = [srv.client() for _ in range(burst)]
+        gate = threading.Barrier(burst)
+
+        def one(cl: httpx.Client) -> tuple[float, str]:
+            gate.wait()
+            t0 = time.perf_counter()
+            r = cl.post("/v1/sandboxes", json={"template": "terminal", "ttl_s": 300})
+            r.raise_for_status()
+            return (time.perf_counter() - t0) * 1e3, r.json()["id"]
+
+        with console.status(f"{burst} leases at once"), ThreadPoolExecutor(burst) as ex:
+            got = list(ex.map(one, clients))
+        for cl in clients:
+            cl.close()
+        for _, sid in got:
+            c.delete(f"/v1/sandboxes/{sid}")
+    return {
+        "warm_lease": Series("Crucible warm lease", ms),
+        "burst": Series(f"{burst} leases at once", [m for m, _ in got]),
+    }
+
+
+_SWEREX_CLIENT = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from swerex.runtime.remote import RemoteRuntime
+    from swerex.runtime.abstract import Command, CreateBashSessionRequest, BashAction
+
+    async def main(port, n):
+        rt = RemoteRuntime(host="http://127.0.0.1", port=port, auth_token="bench")
+        for _ in range(50):
+            try:
+                if await rt.is_alive():
+                    break
+            except Exception:
+                pass
+            await asyncio.sleep(0.2)
+        one, sess = [], []
+        for _ in range(10):
+            await rt.execute(Command(command=["sh", "-c", "echo hi"]))
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await rt.execute(Command(command=["sh", "-c", "echo hi"]))
+            one.append((time.perf_counter() - t) * 1e3)
+            assert r.stdout == "hi\\n", r
+        await rt.create_session(CreateBashSessionRequest())
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await rt.run_in_session(BashAction(command="echo hi"))
+            sess.append((time.perf_counter() - t) * 1e3)
+            assert "hi" in r.output, r
+        print(json.dumps({"one_shot": one, "session": sess}))
+
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    """
+)
+
+
+def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
+    """SWE-ReX one-shot and session latency, or ``{"error": ...}`` saying what failed."""
+    t0 = time.monotonic()
+    py = PEERS_VENV / "bin" / "python"
+    try:
+        with console.status("SWE-ReX: venv"):
+            if not py.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "-q", "swe-rex"],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        engine = docker.from_env()
+        with console.status("SWE-ReX: server image"):
+            dockerfile = (
+                f"FROM {base_image}\nUSER root\nCOPY ca.crt /tmp/ca.crt\n"
+                "RUN (command -v pip3 || (apt-get update && apt-get install -y python3-pip "
+                "python3-venv)) >/dev/null && python3 -m venv /opt/swerex && PIP_CERT=/tmp/ca.crt "
+                "/opt/swerex/bin/pip install -q swe-rex && rm /tmp/ca.crt\n"
+            )
+            ctx_dir = ROOT / "build" / "swerex-image"
+            ctx_dir.mkdir(parents=True, exist_ok=True)
+            (ctx_dir / "Dockerfile").write_text(dockerfile)
+            (ctx_dir / "ca.crt").write_bytes(Path(CA_BUNDLE).read_bytes())
+            subprocess.run(
+                ["docker", "build", "-q", "-t", SWEREX_IMAGE, str(ctx_dir)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        setup_s = time.monotonic() - t0
+        ctr = engine.containers.run(
+            SWEREX_IMAGE,
+            ["/opt/swerex/bin/swerex-remote", "--port", "8000", "--auth-token", "bench"],
+            detach=True,
+            ports={"8000/tcp": ("127.0.0.1", None)},
+            labels={"crucible.deployment": "bench-peers-swerex"},
+        )
+        try:
+            ctr.reload()
+            port = int(ctr.attrs["NetworkSettings"]["Ports"]["8000/tcp"][0]["HostPort"])
+            with console.status("SWE-ReX: measuring"):
+                r = subprocess.run(
+                    [str(py), "-c", _SWEREX_CLIENT, str(port), str(n)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+        finally:
+            ctr.remove(force=True)
+        return {
+            "one_shot": Series("SWE-ReX execute", got["one_shot"]),
+            "session": Series("SWE-ReX run_in_session", got["session"]),
+            "setup_s": round(setup_s, 1),
+        }
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        return {"error": f"{type(e).__name__}: {e} {str(detail)[-400:]}".strip()}
+    except docker.errors.DockerException as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100, help="samples per latency series")
+    ap.add_argument("--burst", type=int, default=128, help="leases arriving at once")
+    ap.add_argument("--seconds", type=float, default=6.0, help="throughput window")
+    ap.add_argument("--skip-swerex", action="store_true")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    args = ap.parse_args()
+    console = Console(stderr=args.json)
+    targets = json.dumps({"terminal": args.burst})  # the pool sized from the burst's demand
+    with serve(targets) as srv:
+        with srv.client() as c:
+            base_image = c.get("/v1/templates").json()[0]["image"]
+        lease = leases(srv, args.n, args.burst, console)
+        base = crucible_and_docker(srv, args.n, console)
+        tput = concurrent32(srv, console, args.seconds)
+    peer = (
+        {"error": "skipped (--skip-swerex)"}
+        if args.skip_swerex
+        else swerex(base_image, args.n, console)
+    )
+
+    ce, de, cs = base["crucible_exec"], base["docker_exec"], base["crucible_session"]
+    ratios: dict[str, Any] = {
+        "one_shot_p50_vs_docker_exec": _ratio(ce.p50, de.p50),
+        "one_shot_p99_vs_docker_exec": _ratio(ce.p99, de.p99),
+        "throughput_32_vs_docker_exec": _ratio(tput["crucible_per_s"], tput["docker_exec_per_s"]),
+    }
+    if "error" not in peer:
+        ratios.update(
+            one_shot_p50_vs_swerex=_ratio(ce.p50, peer["one_shot"].p50),
+            one_shot_p99_vs_swerex=_ratio(ce.p99, peer["one_shot"].p99),
+            session_p50_vs_swerex=_ratio(cs.p50, peer["session"].p50),
+        )
+    series = [ce, de, cs, lease["warm_lease"], lease["burst"]]
+    if "error" not in peer:
+        series += [peer["one_shot"], peer["session"]]
+    result = {
+        "series": {s.name: s.summary() for s in series},
+        "throughput_32": tput,
+        "ratios_crucible_over_peer": ratios,
+        "targets": {
+            "one_shot_p50_le_4ms": ce.p50 <= 4,
+            "one_shot_p99_le_15ms": ce.p99 <= 15,
+            "session_p50_le_6ms": cs.p50 <= 6,
+            "throughput_32_ge_8x_docker_exec": ratios["throughput_32_vs_docker_exec"] >= 8,
+            "warm_lease_p50_le_10ms": lease["warm_lease"].p50 <= 10,
+            "burst_p99_le_100ms": lease["burst"].p99 <= 100,
+        },
+        "swerex": {k: v for k, v in peer.items() if not isinstance(v, Series)},
+        "not_measured": NOT_HERE,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title="Crucible and peers, one run, this machine (ms)")
+    for col in ("operation", "n", "p50", "p99", "mean"):
+        table.add_column(col, justify="left" if col == "operation" else "right")
+    for s in series:
+        m = s.summary()
+        table.add_row(
+            s.name, str(m["n"]), f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}", f"{m['mean_ms']:.2f}"
+        )
+    console.print(table)
+    console.print(f"32 sandboxes at once: {tput}")
+    rt = Table(title="ratios Crucible / peer (below 1: Crucible faster; throughput: above 1)")
+    rt.add_column("ratio")
+    rt.add_column("value", justify="right")
+    for k, v in ratios.items():
+        rt.add_row(k, f"{v:.3f}")
+    console.print(rt)
+    for k, ok in result["targets"].items():
+        console.print(f"{'meets' if ok else 'misses'} {k}")
+    for name, why in {
+        **NOT_HERE,
+        **({"SWE-ReX": peer["error"]} if "error" in peer else {}),
+    }.items():
+        console.print(f"{name}: {why}")
+
+
+if __name__ == "__main__":
+    main()
