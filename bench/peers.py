@@ -238,7 +238,15 @@ def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
             if not py.exists():
                 subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
             subprocess.run(
-                [str(py), "-m", "pip", "install", "-q", "swe-rex"],
+                [
+                    str(py),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "swe-rex",
+                    "aiohttp",
+                ],  # aiohttp: its remote client
                 check=True,
                 capture_output=True,
                 text=True,
@@ -289,8 +297,8 @@ def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
             "setup_s": round(setup_s, 1),
         }
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-        detail = getattr(e, "stderr", "") or ""
-        return {"error": f"{type(e).__name__}: {e} {str(detail)[-400:]}".strip()}
+        detail = str(getattr(e, "stderr", "") or e).strip().splitlines()
+        return {"error": f"{type(e).__name__}: {' | '.join(detail[-3:])[-400:]}"}
     except docker.errors.DockerException as e:
         return {"error": f"{type(e).__name__}: {e}"}
 
