@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -317,6 +318,12 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(stderr=args.json)
     targets = json.dumps({"terminal": args.burst})  # the pool sized from the burst's demand
+    room = args.burst + 40  # the tenant's quota must admit the burst (default 32 sandboxes)
+    os.environ.update(
+        CRUCIBLE_DEFAULT_QUOTA_SANDBOXES=str(room),
+        CRUCIBLE_DEFAULT_QUOTA_CPUS=str(room * 4),
+        CRUCIBLE_DEFAULT_QUOTA_MEMORY_MB=str(room * 4096),
+    )
     with serve(targets) as srv:
         with srv.client() as c:
             base_image = c.get("/v1/templates").json()[0]["image"]
