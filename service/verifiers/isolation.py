@@ -54,6 +54,20 @@ PROTECTED_PREFIXES = (
     "/etc/bash.bashrc",
     "/etc/environment",
     "/etc/alternatives",
+    # configuration that makes the pristine toolchain load native code: libc's name
+    # services (libnss_<service>.so.2, and a service name may be a path), OpenSSL's
+    # providers and engines, PAM and PKCS#11 modules, sudo's plugins (a trial loaded its
+    # own library into the test command's bash through nsswitch.conf, and into the judge
+    # through openssl.cnf). The data they read (passwd, group, certificates) stays the
+    # agent's to change.
+    "/etc/nsswitch.conf",
+    "/etc/ssl/openssl.cnf",
+    "/etc/ssl/openssl.cnf.d",
+    "/etc/pam.conf",
+    "/etc/pam.d",
+    "/etc/security",
+    "/etc/pkcs11",
+    "/etc/sudo.conf",
     "/tests",
     "/logs",
     "/conftest.py",
@@ -145,6 +159,13 @@ def plan_changes(changes: Iterable[FsChange], *, protected: Iterable[str] = ()) 
             if c.kind != "modified" or c.path not in has_child:
                 tampered.append(c.path)
             continue
+        leaf = c.replaced or c.kind != "modified" or c.path not in has_child
+        if leaf and _shields(c.path, protected):
+            # an ancestor of a protected path added, deleted or replaced (``/etc/ssl`` made a
+            # symlink to the agent's directory): carrying it over would carry the protected
+            # path with it
+            tampered.append(c.path)
+            continue
         if c.replaced:
             delete.append(c.path)  # the pristine entry is of the other type: remove it first
         if c.kind == "modified" and c.path in has_child:
@@ -156,6 +177,12 @@ def plan_changes(changes: Iterable[FsChange], *, protected: Iterable[str] = ()) 
             if c.kind == "added":
                 added_roots.append(c.path)
     return ChangePlan(tuple(copy), tuple(delete), tuple(tampered))
+
+
+def _shields(path: str, extra: Iterable[str] = ()) -> bool:
+    """True when ``path`` is an ancestor of a protected prefix."""
+    prefix = path.rstrip("/") + "/"
+    return any(p.startswith(prefix) for p in (*PROTECTED_PREFIXES, *extra))
 
 
 def _engine_made(path: str) -> bool:
@@ -188,7 +215,9 @@ def add_tests(
     command and the judging pytest process read them as root through ``DAC_OVERRIDE``, but
     the processes the judge starts run without it (and without ``FOWNER``, ``CHOWN``,
     ``SETUID``, ``SETGID``: ``crucible_observer``), so the agent's programs that the tests
-    run can neither read the hidden tests nor take the session keys."""
+    run can neither read the hidden tests nor take the session keys. ``/logs`` and
+    ``/logs/verifier`` belong to it too (0755), so those children cannot rename or replace
+    the report directory either (a trial made it a symlink loop)."""
 
     def hidden(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = HIDDEN_UID
@@ -199,8 +228,8 @@ def add_tests(
     for name, mode in (("tests", 0o700), ("logs", 0o755), ("logs/verifier", 0o755)):
         d = tarfile.TarInfo(name)
         d.type, d.mode = tarfile.DIRTYPE, mode
-        if name == "tests":
-            d = hidden(d)
+        d = hidden(d)
+        d.mode = mode  # /logs stays listable; only its owner (nobody) may change it
         t.addfile(d)
     if tests_dir is not None:
         for child in sorted(tests_dir.iterdir()):

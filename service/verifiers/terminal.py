@@ -298,7 +298,14 @@ def verify(
             oom = " (out of memory)" if res.oom_killed else ""
             reason = f"the test command was killed (signal {res.signal}, exit {res.exit_code}){oom}"
             return _zero("killed", reason, t0, private=private, **tampered)
-        files = _read_logs(runtime, vcid)
+        try:
+            files = _read_logs(runtime, vcid)
+        except CrucibleError as e:
+            if not runtime.ping():
+                raise
+            # what the tests' run did to /logs/verifier (a trial made it a symlink loop)
+            reason = f"the test report directory cannot be read: {e.detail}"
+            return _zero("report_unreadable", reason, t0, private=private, **tampered)
         obs = judge(res.observed, secret, truncated=res.observed_truncated)
         private["tests"] = dict(list(obs.tests.items())[:2000])
         result = score(

@@ -322,3 +322,31 @@ def test_an_interrupted_session_is_tampered() -> None:
     raw += line("test", id="t.py::test_1_case2", o="failed", c="fail")
     raw += line("end", exitstatus=2)
     assert judge(raw, SECRET).tampered == "the test session was interrupted"
+
+
+def test_configuration_that_loads_native_code_is_the_images() -> None:
+    """A trial loaded its own library into the test command's bash through
+    ``nsswitch.conf`` (a service name may be a path) and into the judge through
+    ``openssl.cnf``: the loaders' configuration is toolchain, never replayed, and so is any
+    ancestor of it that the agent replaced; the data they read stays the agent's."""
+    plan = plan_changes(
+        [
+            FsChange("/etc", "modified"),
+            FsChange("/etc/nsswitch.conf", "modified"),
+            FsChange("/etc/passwd", "modified"),
+            FsChange("/etc/pam.d", "modified"),
+            FsChange("/etc/pam.d/common-session", "modified"),
+            FsChange("/etc/ssl", "modified", replaced=True),
+            FsChange("/etc/pkcs11", "added"),
+        ],
+    )
+    assert plan.copy == ("/etc/passwd",)
+    assert set(plan.tampered) == {
+        "/etc/nsswitch.conf",
+        "/etc/pam.d/common-session",
+        "/etc/ssl",
+        "/etc/pkcs11",
+    }
+    # a modified ancestor the engine cannot say was replaced (no children listed) is a
+    # leaf: not carried over either
+    assert plan_changes([FsChange("/etc/ssl", "modified")]).tampered == ("/etc/ssl",)
