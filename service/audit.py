@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import AuditChain, AuditEvent
+from service.events import note_written
 
 GENESIS_HASH = "0" * 64
 
@@ -91,6 +92,7 @@ def record(
         .values(last_hash=ev.hash)
         .execution_options(synchronize_session=False)
     )
+    note_written(session, ev)  # the live stream sees it once the transaction commits
     return ev
 
 

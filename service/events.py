@@ -97,6 +97,17 @@ def _collect(session: Session, _flush_context: object) -> None:
             session.info.setdefault(_INFO_KEY, []).append(ev)
 
 
+def note_written(session: Session, obj: object) -> None:
+    """Queue the stream's view of ``obj``, a row written with a Core statement (the audit
+    append: the ORM never flushes it, so ``_collect`` does not see it), for publication
+    when ``session`` commits."""
+    if _bus_of(session) is None:
+        return
+    ev = _of(obj)
+    if ev is not None:
+        session.info.setdefault(_INFO_KEY, []).append(ev)
+
+
 @event.listens_for(Session, "after_commit")
 def _publish(session: Session) -> None:
     events = session.info.pop(_INFO_KEY, None)

@@ -29,7 +29,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     409: "The object's state does not allow the operation",
     413: "The request body exceeds the configured limit",
     422: "The request does not match the schema (``errors`` lists every field)",
-    429: "Over the tenant's quota; retry after ``Retry-After`` seconds",
+    429: "Over the tenant's quota or request rate limit; retry after ``Retry-After`` seconds",
     502: "The sandbox runtime (the container engine) or the verifier failed",
     503: "No sandbox could be started now",
 }
@@ -183,7 +183,8 @@ def install_openapi(app: FastAPI, routers: list[Any]) -> None:
     """Make ``/openapi.json`` declare every error response as problem+json (``routers``:
     the ``APIRouter``s included in ``app``, whose routes are inspected).
 
-    Per route: 401 when it authenticates (``get_principal`` among its dependencies), 403
+    Per route: 401 and 429 (the tenant's rate limit) when it authenticates
+    (``get_principal`` among its dependencies), 403
     when it needs the admin scope, 422 (problem+json, replacing FastAPI's own shape) when it
     has parameters or a body, 400 and 413 when it takes a body (the request limits); plus
     what the route declares with ``error_responses``. The ``Problem`` schema is added to
@@ -210,7 +211,7 @@ def install_openapi(app: FastAPI, routers: list[Any]) -> None:
             calls = _calls(route.dependant)
             implied = []
             if get_principal in calls:
-                implied.append(401)
+                implied += [401, 429]  # authenticated: the tenant's rate limit applies
             if get_admin in calls:
                 implied.append(403)
             if route.body_field is not None:
