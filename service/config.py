@@ -46,6 +46,9 @@ class Settings(BaseSettings):
         "data dir) owns its own containers and two deployments never reconcile each other's.",
     )
     docker_host: str | None = Field(None, description="Docker engine URL; default from env.")
+    log_format: Literal["human", "json"] = Field(
+        "human", description="Log lines of `crucible serve`: human, or one JSON object a line."
+    )
     exec_channel: bool = Field(
         True,
         description="Send execs over each sandbox's channel socket (a bind mount under "
@@ -55,9 +58,6 @@ class Settings(BaseSettings):
     port: int = 8000
 
     image_prefix: str = Field("crucible", description="Repository prefix of sandbox images.")
-    log_format: Literal["human", "json"] = Field(
-        "human", description="Log lines of `crucible serve`: human, or one JSON object a line."
-    )
     images_dir: Path = Field(
         Path(__file__).resolve().parent.parent / "sandbox_images",
         description="Build contexts of the sandbox images.",
