@@ -532,7 +532,14 @@ def test_collect_errors_keeps_going(tmp_path: Path) -> None:
 
 def test_discover_suites() -> None:
     suites = discover_suites(FIXTURES / "tasks", collect_errors=True)
-    assert [s.name for s in suites] == ["broken", "foreign", "good", "hidden-tests", "in-process", "tb2"]
+    assert [s.name for s in suites] == [
+        "broken",
+        "foreign",
+        "good",
+        "hidden-tests",
+        "in-process",
+        "tb2",
+    ]
     assert len(suites[0].errors) == 10 and len(suites[1]) == 1 and len(suites[2]) == 3
     with pytest.raises(TaskFormatError, match="suite 'broken'"):
         discover_suites(FIXTURES / "tasks")
@@ -597,7 +604,14 @@ def test_registry_get_and_list(tmp_path: Path) -> None:
 
 def test_registry_from_root() -> None:
     registry = TaskRegistry.from_root(FIXTURES / "tasks", collect_errors=True)
-    assert [s.name for s in registry.suites()] == ["broken", "foreign", "good", "hidden-tests", "in-process", "tb2"]
+    assert [s.name for s in registry.suites()] == [
+        "broken",
+        "foreign",
+        "good",
+        "hidden-tests",
+        "in-process",
+        "tb2",
+    ]
     assert len(registry.suite("broken").errors) == 10
 
 
