@@ -52,12 +52,13 @@ from __future__ import annotations
 
 import os
 import sys
+from _thread import get_ident
 from importlib.machinery import PathFinder
 
 _TRUSTED_PREFIXES = ("/tests/", "/opt/crucible/")
 _PYTEST_NAMES = ("pytest", "py.test", "pytest-3")
 _state = {"strict": False}
-_watch = {"sink": None, "seen": set(), "pending": [], "busy": False}
+_watch = {"sink": None, "seen": set(), "pending": [], "busy": set()}  # busy: thread ids
 # In a process that judges: when it started (ns) and the files it wrote itself since.
 _run = {"since": 0, "own": set()}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -233,23 +234,32 @@ def _tests_compile(frame) -> str | None:  # noqa: ANN001
 def _audit_hook(window: tuple[int, int]):  # noqa: ANN202
     watched = ("exec", "compile", "import", "ctypes.dlopen", "open", "os.rename")
 
+    def caller():  # noqa: ANN202
+        try:
+            return sys._getframe(2)  # the frame that called exec/compile (hook is 0, 1)
+        except ValueError:
+            return None
+
     def hook(event: str, args: tuple) -> None:
-        if _watch["busy"] or event not in watched:
+        if event not in watched:
             return
-        _watch["busy"] = True
+        me = get_ident()
+        if me in _watch["busy"]:  # an event of the hook's own work, in this thread
+            return
+        _watch["busy"].add(me)
         try:
             if event in ("open", "os.rename"):
                 _own_write(event, args)
             elif event == "exec":
                 code = args[0] if args else None
-                for i, path in enumerate(_module_files(sys._getframe(1))):
+                for i, path in enumerate(_module_files(caller())):
                     _seen(path, "bytecode" if i else "exec", window)
                 _seen(getattr(code, "co_filename", None), "exec", window)
             elif event == "compile":
                 source, filename = (tuple(args) + (None, None))[:2]
                 _seen(filename, "compile", window)
                 if isinstance(source, (str, bytes)):
-                    where = _tests_compile(sys._getframe(1))
+                    where = _tests_compile(caller())
                     if where is not None:
                         _report(where, "tests_compile")
             elif event == "import":
@@ -259,7 +269,7 @@ def _audit_hook(window: tuple[int, int]):  # noqa: ANN202
         except Exception:  # noqa: BLE001 (never break the interpreter; the judge sees the rest)
             pass
         finally:
-            _watch["busy"] = False
+            _watch["busy"].discard(me)
 
     return hook
 
