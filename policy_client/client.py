@@ -51,7 +51,7 @@ import httpx
 
 from policy_client import calls
 from policy_client.calls import Call
-from policy_client.errors import TransportError, raise_for_problem
+from policy_client.errors import TransportError, error_from_problem, raise_for_problem
 from policy_client.schemas import (
     EpisodeGroupOut,
     EpisodeOut,
@@ -97,6 +97,8 @@ def _stream_item(line: bytes | str) -> ExecChunk | ExecOut:
     doc = json.loads(line)
     if doc.get("type") == "result":
         return ExecOut.model_validate(doc["result"])
+    if doc.get("type") == "error":  # the command failed after the stream began
+        raise error_from_problem(doc.get("problem") or {})
     return ExecChunk(doc["type"], doc.get("data", ""), doc.get("data_b64"))
 
 

@@ -134,6 +134,18 @@ _BY_STATUS: dict[int, type[APIError]] = {
 }
 
 
+def error_from_problem(body: dict[str, Any]) -> APIError:
+    """The typed error for a problem object (``status``, ``title``, ``detail``, ``field``),
+    e.g. the ``{"type": "error", "problem": ...}`` line that ends a streaming exec whose
+    command could not run after the response had begun."""
+    status = int(body.get("status", 500) or 500)
+    title = str(body.get("title", ""))
+    cls = _BY_TITLE.get((status, title)) or _BY_STATUS.get(
+        status, ServerError if status >= 500 else APIError
+    )
+    return cls(status, title, str(body.get("detail", "")), body.get("field"), body)
+
+
 def raise_for_problem(response: httpx.Response) -> None:
     """Raise the typed error for a 4xx/5xx response; return for anything else."""
     if response.status_code < 400:

@@ -17,9 +17,9 @@ from fastapi.responses import StreamingResponse
 
 from service import files, sandboxes
 from service.api.deps import Ctx, CurrentPrincipal
-from service.api.problems import error_responses
+from service.api.problems import error_responses, problem_body
 from service.db.models import Sandbox, Snapshot
-from service.errors import InvalidRequest, PayloadTooLarge
+from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge
 from service.metrics import EXEC_LATENCY, EXECS
 from service.runtime.base import ExecChunk, ExecResult
 from service.sandbox_user import with_user
@@ -186,7 +186,10 @@ def exec_(
             exec_out(res, b64=body.output_b64).model_dump_json(), media_type="application/json"
         )
     items = sandboxes.exec_stream(ctx, principal, sandbox_id, req)
-    return StreamingResponse(_ndjson(items, b64=body.output_b64), media_type="application/x-ndjson")
+    path = f"/v1/sandboxes/{sandbox_id}/exec"
+    return StreamingResponse(
+        _ndjson(items, b64=body.output_b64, request_path=path), media_type="application/x-ndjson"
+    )
 
 
 # Threads that read streaming execs: one per stream while it runs (the default executor's
@@ -194,10 +197,14 @@ def exec_(
 _STREAM_READERS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="crucible-stream")
 
 
-async def _ndjson(items: sandboxes.AuditedExecStream, *, b64: bool) -> AsyncIterator[bytes]:
+async def _ndjson(
+    items: sandboxes.AuditedExecStream, *, b64: bool, request_path: str
+) -> AsyncIterator[bytes]:
     """NDJSON lines of a streaming exec. A thread reads the exec; a client that goes away
     (the response is cancelled) cancels the command at once: SIGTERM to its process group,
-    SIGKILL after the grace."""
+    SIGKILL after the grace. A Crucible error after the response began (a ``cwd`` that is
+    not a directory, found when the command starts) is the last line,
+    ``{"type": "error", "problem": {...}}`` (problem+json's members)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[ExecChunk | ExecResult | Exception | None] = asyncio.Queue()
 
@@ -219,6 +226,19 @@ async def _ndjson(items: sandboxes.AuditedExecStream, *, b64: bool) -> AsyncIter
     finished = False
     try:
         while (item := await queue.get()) is not None:
+            if isinstance(item, CrucibleError):
+                # The response has begun: the problem goes in-band as the last line (the
+                # client raises it), never as a broken stream.
+                finished = True
+                problem = problem_body(
+                    item.status,
+                    item.title,
+                    item.detail,
+                    instance=request_path,
+                    field=getattr(item, "field", None),
+                )
+                yield (json.dumps({"type": "error", "problem": problem}) + "\n").encode()
+                return
             if isinstance(item, Exception):
                 finished = True
                 raise item

@@ -90,7 +90,11 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
     while len(buf) < n:
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([sock], [], [], left)[0]:
+            # poll, not select: select() refuses descriptors above FD_SETSIZE (1024), which
+            # a control plane holding many sandboxes' sockets reaches
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            if left <= 0 or not poller.poll(left * 1000):
                 raise TimeoutError
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:

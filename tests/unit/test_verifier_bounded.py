@@ -57,3 +57,19 @@ def test_exceptions_are_re_raised_and_crashes_reported() -> None:
     with pytest.raises(BoundExceeded) as e:
         run_bounded(abort, timeout_s=30, memory_mb=1024)
     assert e.value.cause == "crashed"
+
+
+def test_the_worker_answers_when_descriptors_above_1024_are_in_use() -> None:
+    """A full suite (or a control plane with many sandboxes) holds more than FD_SETSIZE
+    descriptors; the worker's reply was waited on with select(), which refuses them."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert run_bounded(double, 21, timeout_s=30, memory_mb=2048)[0] == 42
+    finally:
+        for fd in held:
+            os.close(fd)

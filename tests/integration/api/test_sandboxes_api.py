@@ -211,6 +211,34 @@ def test_exec_stream_ndjson(stack: Stack, sandbox: str) -> None:
     assert all(c["type"] in ("stdout", "stderr") for c in chunks)
 
 
+def test_a_stream_whose_command_cannot_start_ends_with_its_problem(
+    stack: Stack, sandbox: str
+) -> None:
+    """The fuzzer found a streaming exec with a ``cwd`` that does not exist broke off
+    mid-response (the error came once the command started, after the headers): the
+    problem is now the stream's last line, and the real client raises it typed."""
+    from policy_client import Client
+    from policy_client.errors import BadRequest
+
+    with stack.alice.stream(
+        "POST",
+        f"/v1/sandboxes/{sandbox}/exec",
+        params={"stream": "true"},
+        json={"cmd": "true", "cwd": "/no/such/dir"},
+    ) as r:
+        assert r.status_code == 200
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert lines[-1]["type"] == "error", lines
+    problem = lines[-1]["problem"]
+    assert (problem["status"], problem["field"]) == (400, "cwd"), problem
+    key = stack.alice.headers["authorization"].split(" ", 1)[1]
+    with Client(stack.url, key) as client, pytest.raises(BadRequest) as e:
+        list(client.exec_stream(sandbox, "true", cwd="/no/such/dir"))
+    assert e.value.field == "cwd"
+    # and the sandbox still runs commands
+    assert run(stack.alice, sandbox, "echo ok")["stdout"] == "ok\n"
+
+
 def test_heartbeat_extends_lease(stack: Stack) -> None:
     sb = lease(stack.alice, ttl_s=60)
     r = stack.alice.post(f"/v1/sandboxes/{sb['id']}/heartbeat", json={"ttl_s": 600})
