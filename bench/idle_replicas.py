@@ -109,14 +109,16 @@ def main() -> None:
                     cwd=ROOT,
                 )
             )
-            deadline = time.monotonic() + 90
+            deadline, last = time.monotonic() + 90, None
             while True:
                 try:
-                    if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    r = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                    if r.status_code == 200:
                         break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, f"replica {i} never got ready"
+                    last = f"/readyz answered {r.status_code}: {r.text[:200]}"
+                except httpx.TransportError as e:  # not listening yet
+                    last = repr(e)
+                assert time.monotonic() < deadline, f"replica {i} never got ready: {last}"
                 time.sleep(0.2)
         deadline = time.monotonic() + 120
         while _count(db, Sandbox.state == "warm") < args.target:

@@ -202,13 +202,16 @@ _SWEREX_CLIENT = textwrap.dedent(
 
     async def main(port, n):
         rt = RemoteRuntime(host="http://127.0.0.1", port=port, auth_token="bench")
+        last = None
         for _ in range(50):
             try:
                 if await rt.is_alive():
                     break
-            except Exception:
-                pass
+            except Exception as e:  # not up yet: kept for the message below
+                last = e
             await asyncio.sleep(0.2)
+        else:
+            raise SystemExit(f"swe-rex server on port {port} never came up: {last!r}")
         one, sess = [], []
         for _ in range(10):
             await rt.execute(Command(command=["sh", "-c", "echo hi"]))

@@ -167,3 +167,15 @@ def test_a_file_changed_while_the_judge_runs_is_the_agents_unless_it_wrote_it(
     assert seen and seen[0][0].endswith("/late.py"), seen
     own = f"open({str(work)!r} + '/mine.py', 'w').write('X = 1')\nimport mine"
     assert run(work, own, window) == []
+
+
+def test_a_watch_that_fails_on_an_event_fails_closed(
+    tree: tuple[Path, tuple[int, int]],
+) -> None:
+    """An event the watch could not check may have been agent code: the judge hears of it
+    (as ``watch_error``) instead of the failure being swallowed. A code object naming a
+    file with a NUL byte makes the change-time check itself raise."""
+    work, window = tree
+    body = "c = compile('x = 1', 'f', 'exec').replace(co_filename='/t\\x00b'); exec(c)"
+    seen = run(work, body, window)
+    assert seen and seen[0][1] == "watch_error" and "ValueError" in seen[0][0], seen

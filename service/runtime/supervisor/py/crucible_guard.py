@@ -266,8 +266,10 @@ def _audit_hook(window: tuple[int, int]):  # noqa: ANN202
                 _seen(args[1] if len(args) > 1 else None, "extension", window)
             else:
                 _seen(args[0] if args else None, "dlopen", window)
-        except Exception:  # noqa: BLE001 (never break the interpreter; the judge sees the rest)
-            pass
+        except Exception as e:  # noqa: BLE001 (never break the interpreter)
+            # Fail closed: an event the watch could not check may have been agent code, so
+            # the judge hears of it (and scores the run as one where agent code ran).
+            _report(f"<the watch failed on {event}: {type(e).__name__}: {e}>"[:300], "watch_error")
         finally:
             _watch["busy"].discard(me)
 
