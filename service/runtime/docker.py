@@ -37,6 +37,7 @@ import struct
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -97,6 +98,9 @@ SUPERVISOR_SOURCES = (
     "py/crucible-verifier.pth",
 )
 log = logging.getLogger("crucible.runtime")
+
+FREEZE_ATTEMPTS = 3
+"""Pause tries before ``DockerRuntime.freeze`` kills the container instead."""
 
 SUPERVISOR_MOUNT = "/opt/crucible"
 SUPERVISOR_PATH = f"{SUPERVISOR_MOUNT}/crucible-exec"
@@ -1371,27 +1375,55 @@ class DockerRuntime:
         return [FsChange(r["Path"], kinds[r["Kind"]]) for r in rows]
 
     def freeze(self, container_id: str) -> None:
-        """Pause the container (cgroup freezer); pausing a paused or stopped one is fine
-        (nothing runs in either).
+        """Stop everything in the container from running: pause it (cgroup freezer), or,
+        when the freezer refuses after ``FREEZE_ATTEMPTS`` tries, kill it (a stopped
+        container is read from its filesystem like a paused one). Pausing a paused or
+        stopped one is fine (nothing runs in either).
 
-        Raises ``NotFound`` (gone) or ``SandboxError``.
+        The freezer can refuse for reasons outside the end state (runc's "unable to
+        freeze" when a process joins the cgroup while it freezes, seen under load in CI)
+        or inside it (processes that keep forking): either way nothing may run while the
+        end state is read, and killing gives that without turning an earned reward into
+        a zero.
+
+        Raises ``NotFound`` (gone) or ``SandboxError`` (the engine refused both).
+        """
+        for attempt in range(FREEZE_ATTEMPTS):
+            try:
+                self._api.pause(container_id)
+                break
+            except docker.errors.APIError as e:
+                text = _explain(e).lower()
+                if "already paused" in text or "is not running" in text:
+                    # Stopped (its main process ended, e.g. the agent killed the
+                    # supervisor): nothing runs in it, so it is as frozen as a paused one.
+                    break
+                if isinstance(e, docker.errors.NotFound):
+                    raise _map_error(e, f"freezing container {container_id}") from e
+                log.warning("container %s: pause refused (%s)", container_id, text[:200])
+                if attempt + 1 == FREEZE_ATTEMPTS:
+                    self._kill_for_freeze(container_id, e)
+                    break
+                time.sleep(0.2 * (attempt + 1))
+            except Exception as e:
+                raise _map_error(e, f"freezing container {container_id}") from e
+        self._frozen.add(container_id)
+
+    def _kill_for_freeze(self, container_id: str, cause: Exception) -> None:
+        """SIGKILL the container and wait until it has stopped (the freezer's fallback).
+
+        Raises ``SandboxError`` naming ``cause`` when the engine cannot stop it either.
         """
         try:
-            self._api.pause(container_id)
+            self._api.kill(container_id, signal="SIGKILL")
         except docker.errors.APIError as e:
-            text = _explain(e).lower()
-            if "already paused" in text:
-                self._frozen.add(container_id)
-                return
-            if "is not running" in text:
-                # Stopped (its main process ended, e.g. the agent killed the supervisor):
-                # nothing runs in it, so it is as frozen as a paused one.
-                self._frozen.add(container_id)
-                return
-            raise _map_error(e, f"freezing container {container_id}") from e
+            if "is not running" not in _explain(e).lower():
+                raise _map_error(cause, f"freezing container {container_id}") from e
+        try:
+            self._api.wait(container_id, timeout=30)
         except Exception as e:
-            raise _map_error(e, f"freezing container {container_id}") from e
-        self._frozen.add(container_id)
+            raise _map_error(cause, f"freezing container {container_id}") from e
+        log.warning("container %s: the freezer refused; killed it instead", container_id)
 
     def read_files(
         self, container_id: str, directory: str, names: Sequence[str], *, max_bytes: int

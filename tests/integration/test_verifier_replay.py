@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import docker.errors
 import pytest
+import requests
 
 from service.errors import Conflict, CrucibleError
 from service.runtime.base import ExecRequest
-from service.runtime.docker import DockerRuntime
+from service.runtime.docker import FREEZE_ATTEMPTS, DockerRuntime
 from service.verifiers.isolation import plan_changes
 from service.verifiers.terminal import TerminalCheck, _replay
 
@@ -123,3 +125,48 @@ def test_a_frozen_sandbox_refuses_exec_and_thaws(
     docker_runtime.thaw(cid)
     docker_runtime.thaw(cid)  # idempotent
     assert docker_runtime.exec(cid, ExecRequest(cmd=["true"])).exit_code == 0
+
+
+class _PauseRefused:
+    """The engine's API client, except that ``pause`` answers the way the engine did in CI
+    under load ("OCI runtime pause failed: unable to freeze") the first ``refusals`` times."""
+
+    def __init__(self, api: Any, refusals: int) -> None:
+        self._api, self.refusals, self.pauses = api, refusals, 0
+
+    def pause(self, container: str) -> None:
+        self.pauses += 1
+        if self.pauses <= self.refusals:
+            response = requests.Response()
+            response.status_code = 500
+            text = f"Cannot pause container {container}: OCI runtime pause failed: unable to freeze"
+            raise docker.errors.APIError("500 Server Error", response, explanation=text)
+        self._api.pause(container)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+
+@pytest.mark.parametrize("refusals", [1, FREEZE_ATTEMPTS])
+def test_a_freezer_that_refuses_never_turns_an_end_state_unreadable(
+    docker_runtime: Any, make_sandbox: Callable[..., str], refusals: int
+) -> None:
+    """CI finding: runc refused to freeze a verifier sandbox under load, and two oracle
+    episodes that had passed every test scored 0 (``report_unreadable``). The freeze now
+    retries, and kills the container when the freezer keeps refusing: nothing runs while
+    the report is read either way, and the report is read."""
+    runtime = DockerRuntime(client=docker_runtime._client)
+    cid = make_sandbox()
+    script = "mkdir -p /logs/verifier && echo 7 > /logs/verifier/reward.txt && sleep 600 &"
+    assert runtime.exec(cid, ExecRequest(cmd=["bash", "-c", script], user="0")).exit_code == 0
+    refusing = _PauseRefused(runtime._api, refusals)
+    runtime._api = refusing
+    runtime.freeze(cid)
+    state = docker_runtime._client.api.inspect_container(cid)["State"]
+    if refusals < FREEZE_ATTEMPTS:
+        assert (refusing.pauses, state["Paused"], state["Running"]) == (refusals + 1, True, True)
+    else:  # killed: nothing runs in it any more
+        assert (refusing.pauses, state["Running"]) == (FREEZE_ATTEMPTS, False)
+    files = runtime.read_files(cid, "/logs/verifier", ["reward.txt"], max_bytes=1 << 10)
+    assert files == {"reward.txt": b"7\n"}
+    runtime.thaw(cid)
