@@ -9,7 +9,9 @@ from service.config import Settings
 from service.coordination.tracking import TrackingRuntime
 from service.db.engine import Database
 from service.events import EventBus
+from service.groupcommit import GroupCommitter
 from service.keycache import KeyCache
+from service.leasecache import LeaseCache
 from service.pool import PoolManager
 from service.ratelimit import RateLimiter
 from service.runtime.base import SandboxRuntime
@@ -30,6 +32,8 @@ class ServiceContext:
     limiter: RateLimiter
     keys: KeyCache
     events: EventBus
+    commits: GroupCommitter  # hot-path audit appends share commits (one fsync per batch)
+    leases: LeaseCache  # the exec path's sandbox rows; off on replicas
 
     @classmethod
     def build(cls, settings: Settings, *, runtime: SandboxRuntime | None = None) -> ServiceContext:
@@ -65,6 +69,8 @@ class ServiceContext:
         )
         events = EventBus(coord)
         events.install(db)
+        leases = LeaseCache(enabled=not settings.replica)
+        leases.install(str(db.engine.url))
         return cls(
             settings=settings,
             db=db,
@@ -75,4 +81,6 @@ class ServiceContext:
             limiter=RateLimiter(settings, coord),
             keys=KeyCache(coord, ttl_s=settings.key_cache_ttl_s, read=db.read),
             events=events,
+            commits=GroupCommitter(db),
+            leases=leases,
         )

@@ -6,19 +6,22 @@ once, in ``get_owned``: another tenant's sandbox is ``NotFound``, never ``Forbid
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service import audit, tenants, tracing
 from service.context import ServiceContext
-from service.db.models import Sandbox, Snapshot, utcnow
+from service.db.models import AuditEvent, Sandbox, Snapshot, utcnow
 from service.errors import (
     Conflict,
     CrucibleError,
@@ -29,6 +32,7 @@ from service.errors import (
     SandboxError,
 )
 from service.ids import new_id
+from service.leasecache import LeaseView
 from service.metrics import LEASE_LATENCY, LEASES, QUOTA_REFUSALS
 from service.pool import lease_expiry
 from service.runtime.base import ExecChunk, ExecRequest, ExecResult, ExecStream
@@ -88,6 +92,42 @@ def get_live(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sand
     return row
 
 
+def live_view(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> LeaseView:
+    """``get_live``'s checks on the exec path: the sandbox's view from the lease cache
+    (``service.leasecache``: cleared by every write of a sandbox row), else one primary-key
+    SELECT of the five columns checked. Same errors as ``get_live``."""
+    view = ctx.leases.get(sandbox_id)
+    if view is None:
+        generation = ctx.leases.generation
+        with ctx.db.read() as s:
+            r = s.execute(
+                select(
+                    Sandbox.id,
+                    Sandbox.tenant_id,
+                    Sandbox.state,
+                    Sandbox.expires_at,
+                    Sandbox.container_id,
+                    Sandbox.template,
+                ).where(Sandbox.id == sandbox_id)
+            ).first()
+        view = LeaseView(*r) if r is not None else None
+        if view is not None and view.state == "leased":
+            ctx.leases.put(view, generation)
+    if (
+        view is None
+        or view.tenant_id is None
+        or (view.tenant_id != principal.tenant_id and not principal.is_admin)
+    ):
+        raise NotFound(f"no sandbox {sandbox_id!r}", field="sandbox_id")
+    if view.state == "leased" and view.expires_at is not None and view.expires_at <= utcnow():
+        raise Conflict(f"sandbox {sandbox_id} lease expired at {view.expires_at.isoformat()}")
+    if view.state != "leased":
+        raise Conflict(f"sandbox {sandbox_id} is {view.state}, not leased")
+    if not view.container_id:
+        raise Conflict(f"sandbox {sandbox_id} has no container yet")
+    return view
+
+
 def list_sandboxes(
     ctx: ServiceContext, principal: Principal, *, include_ended: bool = False
 ) -> list[Sandbox]:
@@ -131,43 +171,49 @@ def lease(
     check_cpus(ctx, tpl.cpus, field="limits.cpus" if cpus is not None else "template")
     need = Resources(1, tpl.cpus, tpl.memory_mb)
     sid = new_id("sb")
-    try:
-        with ctx.db.session() as s:
-            tenants.reserve(s, principal.tenant_id, need)
-            warm = ctx.pools.claim(
+
+    def claim(s: Session) -> Sandbox | None:
+        tenants.reserve(s, principal.tenant_id, need)
+        warm = ctx.pools.claim(
+            s,
+            template=template,
+            tenant_id=principal.tenant_id,
+            expires_at=lease_expiry(ttl),
+            ttl_s=ttl,
+            metadata=metadata,
+        )
+        if warm is not None and (tpl.cpus, tpl.memory_mb) != (warm.cpus, warm.memory_mb):
+            warm.cpus, warm.memory_mb = tpl.cpus, tpl.memory_mb
+        if warm is not None:
+            audit.record(
                 s,
-                template=template,
+                "sandbox.lease",
                 tenant_id=principal.tenant_id,
-                expires_at=lease_expiry(ttl),
-                ttl_s=ttl,
-                metadata=metadata,
+                key_id=principal.key_id,
+                sandbox_id=warm.id,
+                details={"template": template, "ttl_s": ttl, "warm": True},
             )
-            if warm is not None and (tpl.cpus, tpl.memory_mb) != (warm.cpus, warm.memory_mb):
-                warm.cpus, warm.memory_mb = tpl.cpus, tpl.memory_mb
-            if warm is not None:
-                audit.record(
-                    s,
-                    "sandbox.lease",
+        else:
+            s.add(
+                Sandbox(
+                    id=sid,
+                    deployment=ctx.settings.deployment,
+                    template=template,
+                    image=tpl.image,
+                    state="starting",
                     tenant_id=principal.tenant_id,
-                    key_id=principal.key_id,
-                    sandbox_id=warm.id,
-                    details={"template": template, "ttl_s": ttl, "warm": True},
+                    cpus=tpl.cpus,
+                    memory_mb=tpl.memory_mb,
+                    ttl_s=ttl,
+                    metadata_=metadata,
                 )
-            else:
-                s.add(
-                    Sandbox(
-                        id=sid,
-                        deployment=ctx.settings.deployment,
-                        template=template,
-                        image=tpl.image,
-                        state="starting",
-                        tenant_id=principal.tenant_id,
-                        cpus=tpl.cpus,
-                        memory_mb=tpl.memory_mb,
-                        ttl_s=ttl,
-                        metadata_=metadata,
-                    )
-                )
+            )
+        return warm
+
+    try:
+        # One transaction per lease, committed together with the concurrent ones (one
+        # fsync for a burst): returns once this lease's commit is durable.
+        warm = ctx.commits.run(claim)
     except (QuotaExceeded, QuotaNeverFits) as e:
         QUOTA_REFUSALS.inc()
         _audit_refusal(ctx, principal, need, e, template=template)
@@ -347,16 +393,16 @@ def build_exec_request(
     )
 
 
-def _audit_exec(
-    ctx: ServiceContext,
+def _exec_event(
     principal: Principal,
-    row: Sandbox,
+    sandbox_id: str,
     req: ExecRequest,
     res: ExecResult | None,
     error: str | None = None,
     *,
     cancelled: bool = False,
-) -> None:
+) -> Callable[[Session], AuditEvent]:
+    """The unit of work that appends one ``sandbox.exec`` event (for ``ctx.commits``)."""
     cmd = req.cmd if isinstance(req.cmd, str) else " ".join(req.cmd)
     details: dict[str, Any] = {
         "cmd": cmd[:4096],
@@ -382,15 +428,32 @@ def _audit_exec(
         details["error"] = error[:500]
     if cancelled:
         details["cancelled"] = True
-    with ctx.db.session() as s:
-        audit.record(
+
+    def append(s: Session) -> AuditEvent:
+        return audit.record(
             s,
             "sandbox.exec",
             tenant_id=principal.tenant_id,
             key_id=principal.key_id,
-            sandbox_id=row.id,
+            sandbox_id=sandbox_id,
             details=details,
         )
+
+    return append
+
+
+def _audit_exec(
+    ctx: ServiceContext,
+    principal: Principal,
+    row: Sandbox,
+    req: ExecRequest,
+    res: ExecResult | None,
+    error: str | None = None,
+    *,
+    cancelled: bool = False,
+) -> None:
+    """Append the exec's event; returns once it is durable (a group commit)."""
+    ctx.commits.run(_exec_event(principal, row.id, req, res, error, cancelled=cancelled))
 
 
 def runtime_failure(
@@ -418,6 +481,35 @@ def exec_command(
     _audit_exec(ctx, principal, row, req, res)
     tracing.set_attributes(sandbox_id=sandbox_id, exit_code=res.exit_code)
     return res
+
+
+async def exec_command_async(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, req: ExecRequest
+) -> ExecResult:
+    """``exec_command`` for the event loop: the sandbox's view from the lease cache, the
+    channel's I/O awaited on the loop (``runtime.exec_async`` where the runtime has it,
+    else the blocking ``exec`` on a worker thread), and the audit event's group commit
+    awaited: returns only once the event is durable. A caller cancelled mid-exec still
+    gets its event appended (``cancelled``)."""
+    with tracing.span("sandbox.exec"):
+        view = live_view(ctx, principal, sandbox_id)
+        run = getattr(ctx.runtime, "exec_async", None)
+        try:
+            if run is not None:
+                res = await run(view.container_id, req)
+            else:
+                res = await run_in_threadpool(ctx.runtime.exec, view.container_id, req)
+        except CrucibleError as e:
+            await ctx.commits.run_async(_exec_event(principal, sandbox_id, req, None, e.detail))
+            raise (await run_in_threadpool(runtime_failure, ctx, principal, sandbox_id, e)) from e
+        except asyncio.CancelledError:
+            ctx.commits.submit(
+                _exec_event(principal, sandbox_id, req, None, "cancelled", cancelled=True)
+            )
+            raise
+        await ctx.commits.run_async(_exec_event(principal, sandbox_id, req, res))
+        tracing.set_attributes(sandbox_id=sandbox_id, exit_code=res.exit_code)
+        return res
 
 
 class AuditedExecStream:

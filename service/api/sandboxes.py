@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from service import files, sandboxes
 from service.api.deps import Ctx, CurrentPrincipal
@@ -152,14 +153,18 @@ def get(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
         **error_responses(404, 409, 502),
     },
 )
-def exec_(
+async def exec_(
     sandbox_id: str,
     body: ExecIn,
     ctx: Ctx,
     principal: CurrentPrincipal,
     stream: bool = Query(False, description="Stream NDJSON chunks, then the result."),
 ) -> Response:
-    """Run a command. ``?stream=true`` answers NDJSON lines: chunks, then ``{"type":"result"}``."""
+    """Run a command. ``?stream=true`` answers NDJSON lines: chunks, then ``{"type":"result"}``.
+
+    Runs on the event loop: the one-shot path awaits the channel and the audit's group
+    commit (``sandboxes.exec_command_async``); what blocks (a ``user`` check, the streaming
+    start) goes to a worker thread."""
     env = {k: v.encode() for k, v in body.env.items()}
     env.update({k: _b64(v, f"env_b64.{k}") for k, v in body.env_b64.items()})
     if body.stdin is not None and body.stdin_b64 is not None:
@@ -178,14 +183,15 @@ def exec_(
         stdin=stdin,
         max_output_bytes=body.max_output_bytes,
     )
-    req = with_user(ctx, principal, sandbox_id, req, body.user)
+    if body.user is not None:  # reads the sandbox's template: a worker thread
+        req = await run_in_threadpool(with_user, ctx, principal, sandbox_id, req, body.user)
     if not stream:
-        res = sandboxes.exec_command(ctx, principal, sandbox_id, req)
+        res = await sandboxes.exec_command_async(ctx, principal, sandbox_id, req)
         _observe(res)
         return Response(
             exec_out(res, b64=body.output_b64).model_dump_json(), media_type="application/json"
         )
-    items = sandboxes.exec_stream(ctx, principal, sandbox_id, req)
+    items = await run_in_threadpool(sandboxes.exec_stream, ctx, principal, sandbox_id, req)
     path = f"/v1/sandboxes/{sandbox_id}/exec"
     return StreamingResponse(
         _ndjson(items, b64=body.output_b64, request_path=path), media_type="application/x-ndjson"
@@ -321,8 +327,6 @@ async def put_file(
 ) -> FileOut:
     """Upload the body to ``path`` (parents created); ``Content-Type: application/x-tar``
     extracts a tar into directory ``path`` instead."""
-    from starlette.concurrency import run_in_threadpool
-
     data = await _read_body(request, ctx.settings.max_upload_bytes)
     is_tar = request.headers.get("content-type", "").split(";")[0].strip() == "application/x-tar"
     resolved, n = await run_in_threadpool(

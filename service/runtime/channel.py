@@ -193,6 +193,49 @@ class ControlChannel:
                 self._fail()  # this call's handler still serves; the next one falls back
         return sock
 
+    def open_nowait(self) -> socket.socket | None:
+        """``open`` for an event loop: the spare handler when it is at hand at once, else
+        None (another thread holds the channel, the spare's hand-over has not arrived yet,
+        or it died: then ``open`` on a worker thread waits for one). Never blocks.
+
+        Raises ``Unavailable`` like ``open`` (the channel failed, for good).
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._dead:
+                raise Unavailable("the channel failed before")
+            if self._pending:
+                try:
+                    self._conn.settimeout(0)
+                    _, fds, _, _ = socket.recv_fds(self._conn, 1, 1)
+                except BlockingIOError:
+                    return None  # still being forked: the caller waits on a thread
+                except OSError as e:
+                    self._fail()
+                    raise Unavailable(f"no handler from the supervisor: {e}") from None
+                self._pending = False
+                if len(fds) == 1:
+                    self._spare = socket.socket(fileno=fds[0])
+                else:  # a refusal or nothing: ``open`` asks afresh
+                    for fd in fds:
+                        os.close(fd)
+            sock, self._spare = self._spare, None
+            if sock is None:
+                return None
+            if not _alive(sock):
+                sock.close()
+                return None
+            try:
+                self._conn.settimeout(OPEN_TIMEOUT_S)
+                self._conn.sendall(b"N")  # the next spare, as ``open`` does
+                self._pending = True
+            except OSError:
+                self._fail()  # this call's handler still serves; the next one falls back
+            return sock
+        finally:
+            self._lock.release()
+
     def _fresh(self) -> socket.socket:
         """Ask for a handler and wait for it (``_lock`` held, nothing pending)."""
         try:

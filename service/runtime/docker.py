@@ -91,6 +91,7 @@ SUPERVISOR_DIR = Path(__file__).resolve().parent / "supervisor"
 SUPERVISOR_SOURCES = (
     "Dockerfile",
     "crucible-exec.c",
+    "crucible-audit.c",
     # The verifier's in-sandbox Python (``service.verifiers.observe``), shipped read-only.
     "py/crucible_guard.py",
     "py/crucible_observer.py",
@@ -802,6 +803,13 @@ class DockerRuntime:
         if result is None:  # cannot happen: exec_stream raises when no result arrives
             raise SandboxError(f"exec in container {container_id} ended without a result")
         return result
+
+    async def exec_async(self, container_id: str, request: ExecRequest) -> ExecResult:
+        """``exec`` for an event loop: the channel's I/O awaited on the loop, no thread in
+        the common case (``service.runtime.docker_async``). Same results and errors."""
+        from service.runtime.docker_async import exec_async
+
+        return await exec_async(self, container_id, request)
 
     def exec_stream(self, container_id: str, request: ExecRequest) -> _DockerExecStream:
         """Run ``request``: an ``ExecStream`` of output chunks, then exactly one ``ExecResult``.
