@@ -52,6 +52,7 @@ MAX_REPORT_BYTES = 1 << 20
 MAX_COMPONENTS = 32
 SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
 OBSERVER_PATH = "/opt/crucible/py"
+AUDIT_LIBRARY = f"{OBSERVER_PATH}/crucible-audit.so"  # rtld-audit: supervisor/crucible-audit.c
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,7 +369,11 @@ def verifier_env(check: TerminalCheck, pristine_before: int, agent_until: int) -
     """The test command's environment: the task's, then Crucible's (which wins): no user
     site, plugin autoload off (restored for nested runs unless the task set it), the
     observer plugin, and the window of change times that mark the end state's files (from
-    before the replay to the test command's start: ``crucible_guard``). No secret: the
+    before the replay to the test command's start: ``crucible_guard``), and the loader's
+    audit library (``LD_AUDIT``: no agent-written shared object loads, and no agent-written
+    program keeps its capabilities, in a process holding ``CAP_DAC_OVERRIDE``; left out
+    when the task declares ``agent_code_in_judge = "allow"`` or ``children_privileged``).
+    No secret: the
     session keys travel in a file the plugin consumes (``observe.SECRET_PATH``)."""
     env = {**check.env, **VERIFIER_ENV}
     plugins = [p for p in check.env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
@@ -379,6 +384,11 @@ def verifier_env(check: TerminalCheck, pristine_before: int, agent_until: int) -
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     path = check.env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = f"{path}:{OBSERVER_PATH}" if path else OBSERVER_PATH
+    if check.agent_code_in_judge != "allow" and not check.children_privileged:
+        # no agent-written native code in a process with the verifier's rights (a task
+        # that trusts the agent's code in those processes has declared it)
+        audit = check.env.get("LD_AUDIT", "")
+        env["LD_AUDIT"] = f"{AUDIT_LIBRARY}:{audit}" if audit else AUDIT_LIBRARY
     env["CRUCIBLE_PRISTINE_BEFORE"] = str(pristine_before)
     env["CRUCIBLE_AGENT_WRITTEN_UNTIL"] = str(agent_until)
     return env

@@ -47,6 +47,7 @@ import pytest
 _FD = 3
 _MAX_ID = 400
 SECRET_PATH = "/logs/.crucible-observe.json"  # one-use session keys, root-only
+JUDGE_MARK = "/logs/.crucible-judge-since"  # when the first judge began (crucible-audit.c)
 _SUFFIXES = ("again", "edge", "empty", "extra", "boundary", "regression", "roundtrip", "case")
 
 
@@ -98,9 +99,36 @@ def _take_channel():
     secret = _take_key()
     if secret is None:
         return None
+    _mark_judge_started()
     fd = os.dup(_FD)  # os.dup gives a non-inheritable (close-on-exec) descriptor
     os.close(_FD)
     return fd, secret
+
+
+def _mark_judge_started() -> None:
+    """Record when the first judge took its key (``JUDGE_MARK``, ns since the epoch; kept
+    by the first): from then on the tests run the agent's programs, so a shared object
+    changed later is the agent's for every privileged process of the run
+    (``crucible-audit.so`` reads it). Owned like ``/logs``, by the user nobody runs as, so
+    those programs can neither read nor change it."""
+    import time
+
+    try:
+        fd = os.open(JUDGE_MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return  # an earlier session's mark stands
+    try:
+        owner = os.stat(os.path.dirname(JUDGE_MARK))  # the user nobody runs as
+        os.write(fd, str(time.time_ns()).encode())
+        # root's own file would be writable by the tests' children (root without
+        # DAC_OVERRIDE is still its owner): it belongs to the tests' owner instead
+        os.fchown(fd, owner.st_uid, owner.st_gid)
+    except OSError as e:
+        sys.stderr.write(f"crucible_observer: could not mark the judge's start: {e}\n")
+        with contextlib.suppress(OSError):
+            os.unlink(JUDGE_MARK)
+    finally:
+        os.close(fd)
 
 
 def _not_dumpable() -> None:
