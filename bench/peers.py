@@ -1,6 +1,6 @@
 """Crucible against its peers, measured in one run on this machine, with ratios Crucible/peer.
 
-    .venv/bin/python bench/peers.py [--n 100] [--json] [--skip-swerex]
+    .venv/bin/python bench/peers.py [--n 100] [--quick] [--json] [--skip-swerex|rock|harbor]
 
 Measured in the same run (a real ``crucible serve``, embedded SQLite, the exec channel):
 - one-shot exec p50/p99: ``POST /v1/sandboxes/{id}/exec`` of ``echo hi`` (auth and a durable
@@ -11,12 +11,16 @@ Measured in the same run (a real ``crucible serve``, embedded SQLite, the exec c
   ``docker exec`` with the same 32 threads;
 - warm lease p50, and 128 leases arriving at once (pool sized from that demand) p99.
 
-SWE-ReX is installed into its own venv (``build/peers-venv``, made on first run) and its
-server into an image built FROM our local base image (no registry here; PyPI through the
-host's CA bundle). ROCK (``rl-rock``) always asks Docker for ``--privileged``, which this
-engine refuses ("unable to apply caps"), and Harbor needs compose v2: both are reported as
-not measured, with the reason, rather than guessed. A peer that fails to install or start
-is reported with the error; nothing is made up.
+Each peer lives in its own environment and reports what it took (install, start) or exactly
+why it did not run, as its row's status; a peer's failure never stops the bench:
+- SWE-ReX: its own venv (``build/peers-venv``), its server in an image built FROM our local
+  base image (no registry here; PyPI through the host's CA bundle);
+- ROCK (``rl-rock``, ``bench/peer_rock.py``): its own venv; its Docker deployment always asks
+  for ``--privileged``, which this engine refuses: the engine's message is the status;
+- Harbor (``harbor``, ``bench/peer_harbor.py``): needs Python >= 3.12 and compose v2, so it
+  runs in a Debian 13 rootfs (debootstrap, ``docker-compose`` 2.26) entered with chroot; its
+  environment is built FROM our local base image and its one-shot ``exec`` is timed.
+Nothing is made up: a figure is printed only when it was measured in this run.
 """
 
 from __future__ import annotations
@@ -40,17 +44,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Series, Served, serve  # noqa: E402
+from peer_harbor import harbor  # noqa: E402
+from peer_rock import rock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_VENV = ROOT / "build" / "peers-venv"
 SWEREX_IMAGE = "crucible-bench/swerex:latest"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-NOT_HERE = {
-    "ROCK (rl-rock)": "not measured: ROCK always starts sandboxes with --privileged, which "
-    "this engine refuses (unable to apply caps: the VM lacks CAP_SYS_RESOURCE)",
-    "Harbor (harbor)": "not measured in this run: needs compose v2 (Debian 13's "
-    "docker-compose unpacked) and HARBOR_TELEMETRY=0; not set up by this bench",
-}
 
 
 def _rest_exec(c: httpx.Client, sid: str) -> None:
@@ -311,14 +311,31 @@ def _ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
+def _peer_status(name: str, got: dict[str, Any]) -> str:
+    """One line for a peer: what it took, or exactly why it did not run."""
+    took = ", ".join(
+        f"{k} {got[k]}" for k in ("version", "compose", "setup_s", "start_s") if k in got
+    )
+    if "error" in got:
+        return (
+            f"{name}: not measured ({took}): {got['error']}" if took else f"{name}: {got['error']}"
+        )
+    return f"{name}: measured ({took})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100, help="samples per latency series")
     ap.add_argument("--burst", type=int, default=128, help="leases arriving at once")
     ap.add_argument("--seconds", type=float, default=6.0, help="throughput window")
+    ap.add_argument("--quick", action="store_true", help="--n 30 --burst 32 --seconds 3")
     ap.add_argument("--skip-swerex", action="store_true")
+    ap.add_argument("--skip-rock", action="store_true")
+    ap.add_argument("--skip-harbor", action="store_true")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.burst, args.seconds = 30, 32, 3.0
     console = Console(stderr=args.json)
     targets = json.dumps({"terminal": args.burst})  # the pool sized from the burst's demand
     room = args.burst + 40  # the tenant's quota must admit the burst (default 32 sandboxes)
@@ -335,11 +352,13 @@ def main() -> None:
         base = crucible_and_docker(srv, args.n, console)
         tput = concurrent32(srv, console, args.seconds)
         lease = leases(srv, args.n, args.burst, console)
-    peer = (
-        {"error": "skipped (--skip-swerex)"}
-        if args.skip_swerex
-        else swerex(base_image, args.n, console)
-    )
+    # Peers after Crucible's control plane is gone, one at a time, so none loads another.
+    skipped = {"error": "skipped"}
+    peer = skipped if args.skip_swerex else swerex(base_image, args.n, console)
+    with console.status("ROCK: venv, then one sandbox through its Docker deployment"):
+        rk = skipped if args.skip_rock else rock(base_image, args.n)
+    with console.status("Harbor: trixie rootfs (first run), then its Docker environment"):
+        hb = skipped if args.skip_harbor else harbor(base_image, args.n)
 
     ce, de, cs = base["crucible_exec"], base["docker_exec"], base["crucible_session"]
     ratios: dict[str, Any] = {
@@ -347,15 +366,24 @@ def main() -> None:
         "one_shot_p99_vs_docker_exec": _ratio(ce.p99, de.p99),
         "throughput_32_vs_docker_exec": _ratio(tput["crucible_per_s"], tput["docker_exec_per_s"]),
     }
+    series = [ce, de, cs, lease["warm_lease"], lease["burst"]]
     if "error" not in peer:
         ratios.update(
             one_shot_p50_vs_swerex=_ratio(ce.p50, peer["one_shot"].p50),
             one_shot_p99_vs_swerex=_ratio(ce.p99, peer["one_shot"].p99),
             session_p50_vs_swerex=_ratio(cs.p50, peer["session"].p50),
         )
-    series = [ce, de, cs, lease["warm_lease"], lease["burst"]]
-    if "error" not in peer:
         series += [peer["one_shot"], peer["session"]]
+    for key, got in (("rock", rk), ("harbor", hb)):
+        if "one_shot" in got:
+            ratios[f"one_shot_p50_vs_{key}"] = _ratio(ce.p50, got["one_shot"].p50)
+            ratios[f"one_shot_p99_vs_{key}"] = _ratio(ce.p99, got["one_shot"].p99)
+            series.append(got["one_shot"])
+    statuses = {
+        "SWE-ReX (swe-rex)": _peer_status("SWE-ReX (swe-rex)", peer),
+        "ROCK (rl-rock)": _peer_status("ROCK (rl-rock)", rk),
+        "Harbor (harbor)": _peer_status("Harbor (harbor)", hb),
+    }
     result = {
         "series": {s.name: s.summary() for s in series},
         "throughput_32": tput,
@@ -368,8 +396,11 @@ def main() -> None:
             "warm_lease_p50_le_10ms": lease["warm_lease"].p50 <= 10,
             "burst_p99_le_100ms": lease["burst"].p99 <= 100,
         },
-        "swerex": {k: v for k, v in peer.items() if not isinstance(v, Series)},
-        "not_measured": NOT_HERE,
+        "peers": {
+            name: {k: v for k, v in got.items() if not isinstance(v, Series)}
+            for name, got in (("swerex", peer), ("rock", rk), ("harbor", hb))
+        },
+        "peer_status": statuses,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -392,11 +423,8 @@ def main() -> None:
     console.print(rt)
     for k, ok in result["targets"].items():
         console.print(f"{'meets' if ok else 'misses'} {k}")
-    for name, why in {
-        **NOT_HERE,
-        **({"SWE-ReX": peer["error"]} if "error" in peer else {}),
-    }.items():
-        console.print(f"{name}: {why}")
+    for line in statuses.values():
+        console.print(line, soft_wrap=True)
 
 
 if __name__ == "__main__":
