@@ -52,6 +52,11 @@ class GroupCommitter:
         self.batches = 0  # transactions committed (for tests and benches)
         self.units = 0  # units committed
 
+    @property
+    def pending(self) -> int:
+        """Units queued and not yet taken into a batch."""
+        return self._queue.qsize()
+
     def submit(self, fn: Callable[[Session], T]) -> Future[T]:
         """Queue ``fn(session)`` for the next batch; its future holds what it returned
         once the batch committed, or the exception that undid it."""
