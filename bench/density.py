@@ -4,7 +4,8 @@
 
 Measured in one run on this machine, against a baseline measured in the same run:
 - baseline: ``docker run -d --init --network none IMAGE sleep infinity`` of the terminal
-  template's image, ``--baseline`` containers, idle;
+  template's image, idle, grown through the same step counts (shared pages make the
+  per-container PSS of the shims fall as n grows, so each step is compared at the same n);
 - Crucible: a real ``crucible serve`` (embedded SQLite); for each step N, N terminal
   sandboxes leased from its warm pool (pool target set to the step's demand, then back to 0 so
   only leased sandboxes are left), idle: nothing runs in them but their init and the exec
@@ -218,16 +219,16 @@ def read_containers(engine: docker.DockerClient, cids: Iterable[str]) -> tuple[f
 
 
 @contextmanager
-def raw_containers(
-    engine: docker.DockerClient, image: str, n: int, progress: Progress
-) -> Iterator[list[str]]:
-    """``n`` idle ``docker run -d`` containers of ``image`` under a label of their own; all of
-    them (and only them) removed on exit."""
+def raw_containers(engine: docker.DockerClient, image: str, progress: Progress) -> Iterator[Any]:
+    """A ``grow_to(n) -> ids`` callable that starts idle ``docker run -d`` containers of
+    ``image`` under a label of their own; all of them (and only them) removed on exit."""
     label = {"crucible.deployment": f"bench-density-raw-{secrets.token_hex(4)}"}
     ids: list[str] = []
-    task = progress.add_task("raw docker run baseline", total=n)
-    try:
-        for _ in range(n):
+    task = progress.add_task("raw docker run baseline", total=None)
+
+    def grow_to(n: int) -> list[str]:
+        progress.update(task, total=n, completed=len(ids))
+        while len(ids) < n:
             ctr = engine.containers.run(
                 image,
                 ["sleep", "infinity"],
@@ -238,12 +239,15 @@ def raw_containers(
             )
             ids.append(ctr.id)
             progress.advance(task)
-        yield ids
+        return list(ids)
+
+    try:
+        yield grow_to
     finally:
-        for c in engine.containers.list(
+        for c in engine.api.containers(
             all=True, filters={"label": f"crucible.deployment={label['crucible.deployment']}"}
         ):
-            c.remove(force=True)
+            engine.api.remove_container(c["Id"], force=True)
         progress.remove_task(task)
 
 
@@ -269,7 +273,7 @@ class Fleet:
     def _warm(self) -> int:
         return self.c.get(f"/v1/pools/{TEMPLATE}").json()["warm"]
 
-    def _deployment_containers(self) -> list[dict[str, Any]]:
+    def deployment_containers(self) -> list[dict[str, Any]]:
         """This deployment's containers as the engine lists them (no inspect: no race with a
         container being removed)."""
         return self.engine.api.containers(
@@ -297,14 +301,14 @@ class Fleet:
             self.sids.append(r.json()["id"])
         self._set_target(0)
         self.progress.update(task, description=f"trimming the refill (live {n})")
-        _wait(lambda: len(self._deployment_containers()) == len(self.sids), 120, "the pool trimmed")
+        _wait(lambda: len(self.deployment_containers()) == len(self.sids), 120, "the pool trimmed")
         self.progress.remove_task(task)
 
     def container_ids(self) -> list[str]:
         live = set(self.sids)
         return [
             c["Id"]
-            for c in self._deployment_containers()
+            for c in self.deployment_containers()
             if (c.get("Labels") or {}).get("crucible.sandbox_id") in live
         ]
 
@@ -342,15 +346,27 @@ def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 ]
                 for _ in range(20):  # warm the request path before the RSS reference point
                     c.get(f"/v1/pools/{TEMPLATE}")
-            with raw_containers(engine, image, args.baseline, progress) as ids:
-                time.sleep(args.settle_s)
-                cg, shim, n = read_containers(engine, ids)
-                raw = Reading(n, cg, shim, 0, 0, daemons_rss() - daemons0, host0 - mem_available())
-            out["baseline"] = raw
+            out["baseline"] = []
+            with raw_containers(engine, image, progress) as grow_raw:
+                for n in steps:
+                    ids = grow_raw(n)
+                    time.sleep(args.settle_s)
+                    cg, shim, got = read_containers(engine, ids)
+                    out["baseline"].append(
+                        Reading(
+                            got, cg, shim, 0, 0, daemons_rss() - daemons0, host0 - mem_available()
+                        )
+                    )
+            fleet = Fleet(srv, engine, progress)
+            # One lease and release first, so the reference RSS already holds what the lease
+            # path loads once (imports, caches) and the growth is what sandboxes cost.
+            fleet.grow_to(1, timeout_s=300)
+            fleet.release_all()
+            fleet = Fleet(srv, engine, progress)
+            _wait(lambda: not fleet.deployment_containers(), 120, "the warm-up sandbox gone")
             time.sleep(args.settle_s)
             host1, daemons1, rss0 = mem_available(), daemons_rss(), control_plane_rss(srv)
             out["control_plane_rss_idle"] = rss0
-            fleet = Fleet(srv, engine, progress)
             try:
                 for n in steps:
                     fleet.grow_to(n, timeout_s=600)
@@ -387,7 +403,11 @@ def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             f"{args.max_seconds:.0f} reached"
                         )
                         break
-                    fleet.grow_to(min(target, len(fleet.sids) + args.batch), timeout_s=600)
+                    try:
+                        fleet.grow_to(min(target, len(fleet.sids) + args.batch), timeout_s=300)
+                    except (TimeoutError, httpx.HTTPStatusError) as e:
+                        out["notes"].append(f"stopped at {len(fleet.sids)} live: {e}")
+                        break
                     time.sleep(args.settle_s)
                     out["live"].append((len(fleet.sids), control_plane_rss(srv)))
             finally:
@@ -399,14 +419,15 @@ def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
 def summarize(m: dict[str, Any]) -> dict[str, Any]:
     """The figures a program reads: per step and baseline, per-GiB counts, ratios, RSS."""
-    raw: Reading = m["baseline"]
+    raw_at = {r.n: r for r in m["baseline"]}
 
     def row(r: Reading) -> dict[str, Any]:
+        raw = raw_at.get(r.n)
         return {
             **asdict(r),
             "per_sandbox_bytes": round(r.per_sandbox),
             "per_gib": round(r.per_gib, 1),
-            "ratio_vs_raw_docker": round(r.per_gib / raw.per_gib, 3),
+            "ratio_vs_raw_docker_same_n": round(r.per_gib / raw.per_gib, 3) if raw else None,
             "host_drop_per_sandbox_bytes": round(r.host_drop / r.n) if r.n else None,
         }
 
@@ -419,19 +440,18 @@ def summarize(m: dict[str, Any]) -> dict[str, Any]:
         "points": [{"live": n, "rss_bytes": rss} for n, rss in live],
     }
     if measured_max < m["target_live"]:
-        pts = [(0, m["control_plane_rss_idle"]), *live]
+        # The first sandboxes add a one-time step (measured: +3 MiB by 16, then about 11 KiB
+        # each up to 200), so the line goes through the live points only, where there are two.
+        pts = live if len({n for n, _ in live}) >= 2 else [(0, m["control_plane_rss_idle"]), *live]
         slope, icpt = linear_fit([n for n, _ in pts], [r for _, r in pts])
         rss_at["extrapolated_rss_bytes_at_target"] = round(icpt + slope * m["target_live"])
         rss_at["extrapolation"] = (
             f"EXTRAPOLATED, not measured: least-squares line through {len(pts)} points "
+            f"at {', '.join(str(n) for n, _ in pts)} live "
             f"({slope / 1024:.1f} KiB per sandbox)"
         )
     return {
-        "baseline_raw_docker": {
-            **asdict(raw),
-            "per_sandbox_bytes": round(raw.per_sandbox),
-            "per_gib": round(raw.per_gib, 1),
-        },
+        "baseline_raw_docker": [row(r) for r in m["baseline"]],
         "crucible_steps": [row(r) for r in m["steps"]],
         "control_plane_rss_idle_bytes": m["control_plane_rss_idle"],
         "control_plane_rss_with_live": rss_at,
@@ -446,48 +466,43 @@ def _mib(b: float) -> str:
 
 def print_tables(s: dict[str, Any], console: Console) -> None:
     """Rich tables for people."""
-    t = Table(title="Idle sandboxes per GiB of host memory (MiB are per sandbox)")
-    for col in ("what", "n", "cgroup", "shim PSS", "CP share", "total", "per GiB", "vs raw"):
+    t = Table(title="Idle sandboxes per GiB of host memory (MiB per sandbox)")
+    cols = ("what", "n", "cgroup", "shim", "CP", "total", "/GiB", "vs raw")
+    for col in cols:
         t.add_column(col, justify="left" if col == "what" else "right")
-    b = s["baseline_raw_docker"]
-    t.add_row(
-        "raw docker run",
-        str(b["n"]),
-        _mib(b["cgroup_mean"]),
-        _mib(b["shim_pss_mean"]),
-        "-",
-        _mib(b["per_sandbox_bytes"]),
-        f"{b['per_gib']:.1f}",
-        "1.000",
-    )
-    for r in s["crucible_steps"]:
-        t.add_row(
-            "Crucible leased",
-            str(r["n"]),
-            _mib(r["cgroup_mean"]),
-            _mib(r["shim_pss_mean"]),
-            _mib(max(r["control_plane_growth"], 0) / r["n"]),
-            _mib(r["per_sandbox_bytes"]),
-            f"{r['per_gib']:.1f}",
-            f"{r['ratio_vs_raw_docker']:.3f}",
-        )
-    console.print(t)
-    x = Table(title="Cross-checks (shared engine: noisy), MiB per sandbox")
-    for col in ("what", "n", "dockerd+containerd growth", "host MemAvailable drop"):
+    x = Table(title="Cross-checks, MiB per sandbox (shared engine and host: noisy)")
+    for col in ("what", "n", "dockerd+containerd growth", "host MemAvailable drop", "/GiB"):
         x.add_column(col, justify="left" if col == "what" else "right")
-    x.add_row(
-        "raw docker run",
-        str(b["n"]),
-        _mib(b["daemons_growth"] / max(b["n"], 1)),
-        _mib(b["host_drop"] / max(b["n"], 1)),
-    )
+    raw_at = {b["n"]: b for b in s["baseline_raw_docker"]}
     for r in s["crucible_steps"]:
-        x.add_row(
-            "Crucible",
-            str(r["n"]),
-            _mib(r["daemons_growth"] / r["n"]),
-            _mib(r["host_drop"] / r["n"]),
-        )
+        for name, row in (("raw docker run", raw_at.get(r["n"])), ("Crucible leased", r)):
+            if row is None:
+                continue
+            ratio = row.get("ratio_vs_raw_docker_same_n") if row is r else 1.0
+            t.add_row(
+                name,
+                str(row["n"]),
+                _mib(row["cgroup_mean"]),
+                _mib(row["shim_pss_mean"]),
+                _mib(max(row["control_plane_growth"], 0) / row["n"]) if row is r else "-",
+                _mib(row["per_sandbox_bytes"]),
+                f"{row['per_gib']:.1f}",
+                f"{ratio:.3f}" if ratio is not None else "-",
+            )
+            drop = row["host_drop"] / row["n"]
+            x.add_row(
+                name,
+                str(row["n"]),
+                _mib(row["daemons_growth"] / row["n"]),
+                _mib(drop),
+                f"{per_gib(drop):.1f}" if drop > 0 else "-",
+            )
+    console.print(t)
+    console.print(
+        "cgroup: container working set; shim: containerd-shim PSS; CP: control-plane RSS "
+        "growth / n; vs raw: sandboxes per GiB over raw docker run's at the same n",
+        soft_wrap=True,
+    )
     console.print(x)
     live = s["control_plane_rss_with_live"]
     lt = Table(title="Control-plane RSS by live sandboxes (MiB)")
@@ -498,13 +513,13 @@ def print_tables(s: dict[str, Any], console: Console) -> None:
         lt.add_row(str(p["live"]), _mib(p["rss_bytes"]))
     if "extrapolated_rss_bytes_at_target" in live:
         lt.add_row(
-            f"{live['target_live']} (EXTRAPOLATED)", _mib(live["extrapolated_rss_bytes_at_target"])
+            f"{live['target_live']} EXTRAPOLATED", _mib(live["extrapolated_rss_bytes_at_target"])
         )
     console.print(lt)
     if "extrapolation" in live:
-        console.print(live["extrapolation"])
+        console.print(live["extrapolation"], soft_wrap=True)
     for note in s["notes"]:
-        console.print(note)
+        console.print(note, soft_wrap=True)
     console.print(f"took {s['seconds']} s")
 
 
@@ -512,7 +527,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", default="16,32,64", help="live sandbox counts measured in full")
     ap.add_argument("--live", type=int, default=200, help="live sandboxes for control-plane RSS")
-    ap.add_argument("--baseline", type=int, default=16, help="raw docker run containers")
     ap.add_argument("--batch", type=int, default=48, help="growth step beyond --steps")
     ap.add_argument("--refill-concurrency", type=int, default=4)
     ap.add_argument("--settle-s", type=float, default=3.0, help="wait before each reading")
@@ -522,7 +536,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.live, args.baseline, args.settle_s = "8,16", 200, 8, 2.0
+        args.steps, args.live, args.settle_s = "8,16", 200, 2.0
     console = Console(stderr=args.json)
     s = summarize(measure(args, console))
     if args.json:
