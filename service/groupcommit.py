@@ -3,14 +3,16 @@
 A durable commit costs one WAL fsync on SQLite (``synchronous=FULL``) or one WAL flush on
 PostgreSQL, whatever it holds; writers that each commit alone queue behind each other's
 fsyncs. ``GroupCommitter`` runs the units of work submitted from any thread or event loop on
-one writer thread: it takes every unit waiting (up to ``max_batch``), runs each in its own
-SAVEPOINT inside one transaction, commits once, and only then completes each unit's future.
+one writer thread: it takes every unit waiting (up to ``max_batch``), runs them in one
+transaction, commits once, and only then completes each unit's future. When a unit raises,
+the transaction is rolled back and the batch run again with each unit in its own SAVEPOINT
+(so units must touch nothing but the session: they may run twice, the first run undone).
 
 Guarantees:
 - A future completes only after the commit that holds its unit returned (durable), or with
   the exception that undid it: nothing is acknowledged before it is durable.
-- Units run in submission order; a unit that raises is rolled back to its savepoint alone
-  (its caller gets the exception), the others commit.
+- Units run in submission order; a unit that raises is undone alone (its caller gets the
+  exception), the others commit.
 - A commit that fails fails every unit of the batch (none is acknowledged), and the writer
   goes on with the next batch.
 - What a unit's statements queued for after the commit (``session.info`` lists: the event
@@ -35,6 +37,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _STOP = object()
+
+
+class _Undo(Exception):
+    """A unit raised in a plain run: the transaction is rolled back."""
 
 
 class GroupCommitter:
@@ -114,20 +120,10 @@ class GroupCommitter:
                 return
 
     def _commit(self, batch: list[tuple[Callable[[Session], Any], Future[Any]]]) -> None:
-        outcomes: list[tuple[bool, Any]] = []
         try:
-            with self._db.session() as s:
-                for fn, _ in batch:
-                    # what hooks queued for after the commit (the event stream's messages):
-                    # a unit rolled back to its savepoint takes its own back with it
-                    info = {k: list(v) if isinstance(v, list) else v for k, v in s.info.items()}
-                    try:
-                        with s.begin_nested():
-                            outcomes.append((True, fn(s)))
-                    except Exception as e:  # noqa: BLE001 - handed to that unit's caller
-                        s.info.clear()
-                        s.info.update(info)
-                        outcomes.append((False, e))
+            outcomes = self._run_plain(batch)
+            if outcomes is None:  # a unit raised: the batch again, each unit in a savepoint
+                outcomes = self._run_isolated(batch)
         except Exception as e:  # noqa: BLE001 - the commit failed: no unit is durable
             log.warning("group commit of %d units failed: %s", len(batch), e)
             for _, fut in batch:
@@ -143,3 +139,38 @@ class GroupCommitter:
                 fut.set_result(value)
             else:
                 fut.set_exception(value)
+
+    def _run_plain(self, batch: list[tuple[Callable[[Session], Any], Future[Any]]]) -> Any:
+        """Every unit in one transaction without savepoints (a SAVEPOINT and its RELEASE
+        cost more than an audit append); None, all rolled back, when one raised."""
+        try:
+            with self._db.session() as s:
+                outcomes: list[tuple[bool, Any]] = []
+                for fn, _ in batch:
+                    try:
+                        outcomes.append((True, fn(s)))
+                    except Exception as e:
+                        raise _Undo from e
+        except _Undo:
+            return None
+        return outcomes
+
+    def _run_isolated(
+        self, batch: list[tuple[Callable[[Session], Any], Future[Any]]]
+    ) -> list[tuple[bool, Any]]:
+        """Every unit in its own savepoint of one transaction, so one that raises is
+        undone alone."""
+        outcomes: list[tuple[bool, Any]] = []
+        with self._db.session() as s:
+            for fn, _ in batch:
+                # what hooks queued for after the commit (the event stream's messages):
+                # a unit rolled back to its savepoint takes its own back with it
+                info = {k: list(v) if isinstance(v, list) else v for k, v in s.info.items()}
+                try:
+                    with s.begin_nested():
+                        outcomes.append((True, fn(s)))
+                except Exception as e:  # noqa: BLE001 - handed to that unit's caller
+                    s.info.clear()
+                    s.info.update(info)
+                    outcomes.append((False, e))
+        return outcomes
