@@ -471,7 +471,7 @@ def print_tables(s: dict[str, Any], console: Console) -> None:
     for col in cols:
         t.add_column(col, justify="left" if col == "what" else "right")
     x = Table(title="Cross-checks, MiB per sandbox (shared engine and host: noisy)")
-    for col in ("what", "n", "dockerd+containerd growth", "host MemAvailable drop", "/GiB"):
+    for col in ("what", "n", "dockerd+containerd growth", "host MemAvailable drop"):
         x.add_column(col, justify="left" if col == "what" else "right")
     raw_at = {b["n"]: b for b in s["baseline_raw_docker"]}
     for r in s["crucible_steps"]:
@@ -489,13 +489,11 @@ def print_tables(s: dict[str, Any], console: Console) -> None:
                 f"{row['per_gib']:.1f}",
                 f"{ratio:.3f}" if ratio is not None else "-",
             )
-            drop = row["host_drop"] / row["n"]
             x.add_row(
                 name,
                 str(row["n"]),
                 _mib(row["daemons_growth"] / row["n"]),
-                _mib(drop),
-                f"{per_gib(drop):.1f}" if drop > 0 else "-",
+                _mib(row["host_drop"] / row["n"]),
             )
     console.print(t)
     console.print(
