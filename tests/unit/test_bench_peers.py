@@ -34,3 +34,17 @@ def test_error_text_keeps_the_last_stderr_lines_on_one_line() -> None:
     e = subprocess.CalledProcessError(1, ["pip"], stderr="a\n\nb\nc\nERROR: no harbor\n")
     assert peer_env.error_text(e) == "CalledProcessError: b | c | ERROR: no harbor"
     assert peer_env.error_text(OSError("gone"), limit=12) == "OSError: gon"
+
+
+def test_peer_status_says_what_it_took_or_why_not() -> None:
+    import peers
+
+    ran = {"version": "0.26.0", "setup_s": 0.5, "start_s": 3.47, "one_shot": object()}
+    assert peers._peer_status("Harbor", ran) == (
+        "Harbor: measured (version 0.26.0, setup_s 0.5, start_s 3.47)"
+    )
+    refused = {"version": "1.11.0", "setup_s": 6.2, "error": "unable to apply caps"}
+    assert peers._peer_status("ROCK", refused) == (
+        "ROCK: not measured (version 1.11.0, setup_s 6.2): unable to apply caps"
+    )
+    assert peers._peer_status("SWE-ReX", {"error": "skipped"}) == "SWE-ReX: skipped"
