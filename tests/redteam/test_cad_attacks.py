@@ -233,9 +233,11 @@ def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -
     assert_unpaid(rec)
     details = rec["verifier"]["details"]
     # cut off by its bounds: the 1 s wall limit, or the worker's memory limit first (which
-    # one depends on the machine and the measuring libraries' allocations)
+    # one depends on the machine and the measuring libraries' allocations); on a loaded
+    # machine reading and gating the mesh can already take the whole second
     assert rec["reward"] == 0.0, details
-    assert details["dodge"] in ("measure_timeout", "measure_memory", "measure_crashed"), details
+    cut_off = ("gate_timeout", "measure_timeout", "measure_memory", "measure_crashed")
+    assert details["dodge"] in cut_off, details
     assert details["timing_ms"]["measure"] < 10_000, details["timing_ms"]
     # /healthz took 29 s when measuring ran in the API process; loose for a loaded CI machine
     assert worst[0] < 5.0, worst
