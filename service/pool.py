@@ -44,6 +44,11 @@ log = logging.getLogger("crucible.pool")
 
 ENDED_STATES = ("released", "expired", "failed")
 PRUNE_EVERY_S = 60.0
+# A lease wakes the loop to refill; in a burst of leases the refill waits until they pause
+# this long (at most the max), so the burst's claims never queue behind container starts
+# and refill writes on the database (issue 15.5: 128 leases at once).
+LEASE_SETTLE_S = 0.05
+LEASE_SETTLE_MAX_S = 1.0
 DEAD_REPLICAS_EVERY_S = 5.0
 
 
@@ -102,6 +107,7 @@ class PoolManager:
         self._inflight: dict[str, int] = {}
         self._images_seen: dict[str, tuple[bool, float]] = {}
         self._pruned_at = 0.0
+        self._last_lease = 0.0  # monotonic time of the last lease's wake
         self._dead_checked_at = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -683,6 +689,18 @@ class PoolManager:
                 log.exception("pool maintenance failed")
             self._wake.wait(self.settings.pool_interval_s)
             self._wake.clear()
+            self._settle()
+
+    def _settle(self) -> None:
+        """After a lease, wait until leases pause for ``LEASE_SETTLE_S`` (at most
+        ``LEASE_SETTLE_MAX_S``) before the next tick refills."""
+        started = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            quiet = now - self._last_lease
+            if quiet >= LEASE_SETTLE_S or now - started >= LEASE_SETTLE_MAX_S:
+                return
+            self._stop.wait(LEASE_SETTLE_S - quiet)
 
     def start(self) -> None:
         """Start coordination (heartbeat) and the maintenance thread."""
@@ -691,7 +709,8 @@ class PoolManager:
         self._thread.start()
 
     def wake(self) -> None:
-        """Ask the maintenance loop to run now."""
+        """Ask the maintenance loop to run now (a lease: once leases pause, ``_settle``)."""
+        self._last_lease = time.monotonic()
         self._wake.set()
 
     def stop(self, *, drain_warm: bool = True) -> None:
