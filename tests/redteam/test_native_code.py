@@ -105,6 +105,12 @@ def test_the_audit_library_refuses_only_the_agents_code_in_privileged_processes(
     assert cap & DAC_OVERRIDE == 0
     assert _cap_eff(_run(docker_runtime, cid, "cat /proc/self/status", "0", window)) & DAC_OVERRIDE
 
+    # trial finding: a bare soname was checked against the working directory, so an agent's
+    # file named libc.so.6 there made every privileged process lose libc (a 0 for honest work)
+    docker_runtime.exec(cid, ExecRequest(cmd=["cp", "/usr/bin/cat", "/tmp/libc.so.6"], user="0"))
+    out = _run(docker_runtime, cid, "cd /tmp && /bin/echo fine", "0", window)
+    assert out == "fine\n", out
+
     # a library test.sh installed before the tests began (after the window) loads; once the
     # judge has marked its start, one changed after that mark is the agent's
     past = (now - 600 * 10**9, now - 300 * 10**9)

@@ -23,8 +23,9 @@
  *   agent-written main executable there (test.sh runs the agent's program itself) runs
  *   without the capabilities the tests' children lose, as if the tests had started it
  *   (exit 126 when they cannot be dropped).
- * - la_objsearch: each candidate path for a library is refused (NULL: "not found") when it is
- *   agent-written, so the search goes on to the next directory, exactly as if it were absent.
+ * - la_objsearch: each candidate path (a name with a slash) for a library is refused (NULL:
+ *   "not found") when it is agent-written, so the search goes on to the next directory,
+ *   exactly as if it were absent.
  * - la_objopen: every object that loaded anyway (a path the search did not see) is checked
  *   again; an agent-written one ends the process at once (exit 126) before its constructors
  *   run.
@@ -219,10 +220,18 @@ unsigned int la_version(unsigned int version) {
     return 1; /* LAV_CURRENT of the first interface: la_objsearch and la_objopen */
 }
 
+static int has_slash(const char *s) {
+    for (; *s; s++)
+        if (*s == '/') return 1;
+    return 0;
+}
+
 char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
     (void)cookie;
     (void)flag;
-    if (enforce == ON && agent_written(name)) {
+    /* a bare name (LA_SER_ORIG "libc.so.6") is not a file: it would resolve against the
+     * working directory, where an agent's file of that name must not hide the real one */
+    if (enforce == ON && has_slash(name) && agent_written(name)) {
         say("crucible: refused an agent-written shared object in a privileged process: ", name);
         return 0;
     }
