@@ -1,11 +1,12 @@
 """Episodes: lease + task set-up, and verification into a reward record.
 
-An episode group of ``group_size`` n > 1 starts from one prepared sandbox: it is snapshotted
-and forked n times, so every member of a GRPO group starts from the identical state; the
-prepared sandbox is then released. Verification freezes the episode's sandbox (its end
-state) and hands it to the task's verifier (``service.verifiers``), which runs isolated from
-the agent in a pristine sandbox (from the warm pool when it can); the result becomes a reward
-record (``service.rewards``) stored once per episode.
+An episode group of ``group_size`` n leases n sandboxes of the task's template at once
+(warm ones when the pool has them): every member of a GRPO group starts from the task image
+itself, the identical state by construction, and that image is the one the verifier takes
+as pristine (nothing a tenant can reach precedes it). Verification freezes the episode's
+sandbox (its end state) and hands it to the task's verifier (``service.verifiers``), which
+runs isolated from the agent in a pristine sandbox (from the warm pool when it can); the
+result becomes a reward record (``service.rewards``) stored once per episode.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,30 +161,11 @@ def start(
     ttl = ttl_s or int(task.agent_timeout_s + task.verifier_timeout_s + 300)
     meta = {"task_id": task.id, "suite": task.suite, "job_id": job_id}
     n = len(slots.new)
-    first_meta = {**meta, "episode_role": "member" if n == 1 else "prepare"}
-    first = sandboxes.lease(ctx, principal, template=template, ttl_s=ttl, metadata=first_meta)
-    prepared_snapshot = None
-    if n == 1:
-        members = [first]
-        digest = ctx.runtime.image_digest(first.image)
-    else:
-        try:
-            snap = sandboxes.snapshot(ctx, principal, first.id)
-            prepared_snapshot = snap.id
-            digest = ctx.runtime.image_digest(snap.image)  # before the tag goes away
-            members = sandboxes.fork(
-                ctx,
-                principal,
-                snap.id,
-                n=n,
-                ttl_s=ttl,
-                metadata={**meta, "episode_role": "member"},
-            )
-        finally:
-            sandboxes.release(ctx, principal, first.id)
-            if prepared_snapshot is not None:
-                # Forks keep the image (untagged) alive; the episode rows keep its id.
-                sandboxes.delete_snapshot(ctx, principal, prepared_snapshot)
+    members = _lease_members(
+        ctx, principal, template, n=n, ttl_s=ttl, metadata={**meta, "episode_role": "member"}
+    )
+    digest = ctx.runtime.image_digest(members[0].image)
+    prepared_snapshot = None  # every member starts from the task image itself
     lease_ms = (time.perf_counter() - t0) * 1e3
     group = slots.group_id or new_id("grp")
     out = []
@@ -225,6 +208,49 @@ def start(
             )
             out.append(StartedEpisode(ep, task))
     return sorted(reused + out, key=lambda e: e.episode.sample_idx)
+
+
+def _lease_members(
+    ctx: ServiceContext,
+    principal: Principal,
+    template: str,
+    *,
+    n: int,
+    ttl_s: int,
+    metadata: dict[str, Any],
+) -> list[Sandbox]:
+    """``n`` sandboxes of ``template`` for a group, leased at once (warm when the pool has
+    them), all or nothing: on any failure the ones leased are released and the first error
+    is raised (``QuotaExceeded``, ``SandboxError``).
+
+    Every member starts from the task image, which is the group's identical start by
+    construction. Groups used to fork from a snapshot of a prepared sandbox; a red-team
+    trial exec'd into that sandbox through the API before it was snapshotted, and what it
+    planted became every member's image *and* the image the verifier took as pristine
+    (never in a diff, older than the replay window): 1.0 on six tasks unsolved. Nothing a
+    tenant can reach now precedes the verifier's pristine image.
+    """
+    if n == 1:
+        return [sandboxes.lease(ctx, principal, template=template, ttl_s=ttl_s, metadata=metadata)]
+    with ThreadPoolExecutor(max_workers=min(n, 8)) as pool:
+        futures = [
+            pool.submit(
+                sandboxes.lease, ctx, principal, template=template, ttl_s=ttl_s, metadata=metadata
+            )
+            for _ in range(n)
+        ]
+        members, errors = [], []
+        for f in futures:
+            try:
+                members.append(f.result())
+            except CrucibleError as e:
+                errors.append(e)
+    if errors:
+        for sb in members:
+            with contextlib.suppress(CrucibleError):
+                sandboxes.release(ctx, principal, sb.id)
+        raise errors[0]
+    return members
 
 
 def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:

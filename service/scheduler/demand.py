@@ -16,9 +16,9 @@ runs on the pool loop (``PoolManager.add_maintenance``) and hands the result to
 ``PoolManager.set_demands``, which replaces the tenant's previous demand through the
 coordination seam (so every replica's pool loop sees it).
 
-A group takes ``pool_sandboxes(group_size)`` warm sandboxes: one to prepare the group
-(forked for the other samples), and for a group of one also the pristine sandbox its
-verification takes (``episodes._fresh_sandbox``).
+A group takes ``pool_sandboxes(group_size)`` warm sandboxes: one per sample (every member
+starts from the task image: ``episodes._lease_members``) and one per sample for the pristine
+sandbox its verification takes (``episodes._fresh_sandbox``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Upcoming:
 
 def pool_sandboxes(group_size: int) -> int:
     """Warm sandboxes one group takes from its task's pool (see the module docstring)."""
-    return 1 if group_size > 1 else 2
+    return 2 * group_size
 
 
 def _order_key(

@@ -141,9 +141,16 @@ def test_oracle_still_passes_after_a_harmless_toolchain_touch(stack: Stack) -> N
     assert rec["reward"] == 1.0  # the work outside the toolchain was carried over
 
 
-def test_group_forks_identical_start(stack: Stack) -> None:
+def test_group_members_start_identical_from_the_task_image(stack: Stack) -> None:
+    # Trial finding: groups forked from a snapshot of a prepared sandbox, which a tenant
+    # could exec into before it was snapshotted; what it planted became the image the
+    # verifier took as pristine (1.0 on six tasks unsolved). Every member and every
+    # verification now start from the task image itself.
+    listed_before = {sb["id"] for sb in stack.alice.get("/v1/sandboxes").json()["sandboxes"]}
     group = start(stack, group_size=3)
     eps = group["episodes"]
+    listed = {sb["id"] for sb in stack.alice.get("/v1/sandboxes").json()["sandboxes"]}
+    assert listed - listed_before == {e["sandbox_id"] for e in eps}  # nothing else was made
     assert [e["sample_idx"] for e in eps] == [0, 1, 2]
     assert len({e["sandbox_id"] for e in eps}) == 3 and {e["group_id"] for e in eps} == {
         group["group_id"]
@@ -156,7 +163,8 @@ def test_group_forks_identical_start(stack: Stack) -> None:
     recs = [verify(stack, e) for e in eps]
     assert [r["reward"] for r in recs] == [0.0, 1.0, 0.0]
     assert {r["group_id"] for r in recs} == {group["group_id"]}
-    assert len({r["image_digest"] for r in recs}) == 1
+    template = next(t for t in stack.ctx.templates.all() if t.name.endswith(TASK))
+    assert {r["image_digest"] for r in recs} == {stack.ctx.runtime.image_digest(template.image)}
     r = stack.alice.get("/v1/rewards/export", params={"format": "parquet", "normalize": "grpo"})
     table = pq.read_table(io.BytesIO(r.content)).to_pylist()
     adv = {
@@ -314,7 +322,8 @@ def test_jobs_belong_to_their_tenant_and_group_size_is_bounded(stack: Stack) -> 
 
 
 def test_untagged_snapshot_images_are_pruned_once_unused(stack: Stack) -> None:
-    # Regression: the prepared snapshot of a group stayed on disk, untagged, forever.
+    # Regression: a forked snapshot (then a group's prepared one) stayed on disk, untagged,
+    # forever, once deleted while its forks still ran.
     import docker
 
     engine = docker.from_env()
@@ -323,10 +332,15 @@ def test_untagged_snapshot_images_are_pruned_once_unused(stack: Stack) -> None:
     def dangling() -> list:
         return engine.images.list(filters={"dangling": True, "label": label})
 
-    group = start(stack, group_size=2)
-    for ep in group["episodes"]:
-        verify(stack, ep)
-    ids = {e["sandbox_id"] for e in group["episodes"]}
+    source = start(stack)["episodes"][0]["sandbox_id"]
+    snap = stack.alice.post(f"/v1/sandboxes/{source}/snapshots")
+    assert snap.status_code == 201, snap.text
+    forked = stack.alice.post(f"/v1/snapshots/{snap.json()['id']}/fork", json={"n": 2})
+    assert forked.status_code in (200, 201), forked.text
+    assert stack.alice.delete(f"/v1/snapshots/{snap.json()['id']}").status_code == 204
+    ids = {sb["id"] for sb in forked.json()["sandboxes"]} | {source}
+    for sid in ids:
+        assert stack.alice.delete(f"/v1/sandboxes/{sid}").status_code == 200
     stack.wait_for(
         lambda: (
             not ids

@@ -39,12 +39,13 @@ def test_queued_items_start_on_the_jobs_claim_slots(db: Database) -> None:
     with db.session() as s:
         tenants.create_tenant(s, "acme", max_sandboxes=8, max_cpus=8, max_memory_mb=1)
     job = _job(db, None, tasks=["a", "b", "c", "d"])
-    # nobody claims yet: one slot, 60 s per group (nothing measured), the default horizon
+    # nobody claims yet: one slot, 60 s per group (nothing measured), the default horizon;
+    # a group of two takes 4 warm sandboxes (two members, two verifiers' pristine ones)
     got = _upcoming(db, job)
     assert [(u.task_id, u.start_s, u.sandboxes) for u in got] == [
-        ("a", 0.0, 1),
-        ("b", 60.0, 1),
-        ("c", 120.0, 1),
+        ("a", 0.0, 4),
+        ("b", 60.0, 4),
+        ("c", 120.0, 4),
     ]
     # two live claims, their groups not started: both start now and hold a slot each, so
     # the next two groups are expected at 60 s
