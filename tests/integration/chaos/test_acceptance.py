@@ -27,7 +27,8 @@ from tests.dbutil import fresh_database
 from tests.integration.api.conftest import _cleanup, _free_port
 from tests.integration.chaos.test_crash_recovery import CRUCIBLE, ROOT, Server, _wait
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# minutes of real work (100 episodes, three restarts): 150-230 s here, more on a busy host
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
 GROUP = 4
 KILL_AFTER_RECORDS = (20, 45, 70)
