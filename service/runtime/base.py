@@ -275,12 +275,18 @@ class SandboxRuntime(Protocol):
         ...
 
     def export_entries(
-        self, container_id: str, paths: Sequence[str], *, max_bytes: int | None = None
+        self,
+        container_id: str,
+        paths: Sequence[str],
+        *,
+        max_bytes: int | None = None,
+        base_image: str | None = None,
     ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
         """Tar members (names relative to ``/``) of absolute ``paths`` as they are in a frozen
         container: directories recursively, owners, modes and symlinks kept. A regular file's
         reader is valid only until the next member is asked for. ``PayloadTooLarge`` when
-        the regular files add up to more than ``max_bytes``."""
+        the regular files add up to more than ``max_bytes``. ``base_image``: the image the
+        paths were diffed against (``diff``)."""
         ...
 
     def prune_host_state(self, *, deployment: str, live_sandbox_ids: set[str]) -> int:
@@ -288,9 +294,10 @@ class SandboxRuntime(Protocol):
         (exec channel directories); return how many."""
         ...
 
-    def diff(self, container_id: str) -> list[FsChange]:
-        """What changed in the container's filesystem since its image (engine-side, so
-        nothing inside the sandbox can hide a change)."""
+    def diff(self, container_id: str, *, base_image: str | None = None) -> list[FsChange]:
+        """What changed in the container's filesystem since its image, or since
+        ``base_image`` when its image derives from that one (engine-side, so nothing inside
+        the sandbox can hide a change)."""
         ...
 
     def image_digest(self, image: str) -> str:

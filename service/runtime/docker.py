@@ -1347,6 +1347,20 @@ class DockerRuntime:
         except Exception as e:
             raise _map_error(e, f"updating the limits of container {container_id}") from e
 
+    def _layers_below(self, container_id: str, base_image: str) -> list[str] | None:
+        """``base_image``'s layer directories (top first) when the container's image is
+        another one (None when it is that image: nothing lies between)."""
+        try:
+            own = self._api.inspect_container(container_id).get("Image")
+            base = self._api.inspect_image(base_image)
+        except Exception as e:
+            raise _map_error(e, f"inspect of container {container_id} and {base_image}") from e
+        if own == base.get("Id"):
+            return None
+        data = (base.get("GraphDriver") or {}).get("Data") or {}
+        upper, lower = data.get("UpperDir"), data.get("LowerDir") or ""
+        return [d for d in [upper, *lower.split(":")] if d] or [""]
+
     def _layers(self, container_id: str) -> tuple[str, list[str]] | None:
         """The container's (upper, lowers) when this host can read them (``overlay``)."""
         if not self._read_host_layers:
@@ -1359,22 +1373,41 @@ class DockerRuntime:
                 raise _map_error(e, f"inspect of container {container_id}") from e
         return overlay.layers(graph)
 
-    def diff(self, container_id: str) -> list[FsChange]:
-        """The container's filesystem changes against its image.
+    def diff(self, container_id: str, *, base_image: str | None = None) -> list[FsChange]:
+        """The container's filesystem changes against its image, or against ``base_image``
+        (an image the container's own derives from: a sandbox forked or resumed from a
+        snapshot holds the snapshot's changes in its image's layers).
 
         On overlay2 with the engine's storage visible (a control plane on the engine's
         host) the writable layer's upper directory is walked directly, as the engine's own
         overlay diff does: milliseconds instead of the engine's full-tree comparison
-        (~0.6 s here); type changes are marked ``replaced``. Otherwise the engine's ``diff``
-        API answers. Both read engine-side state; nothing inside the sandbox can hide a
-        change.
+        (~0.6 s here); type changes are marked ``replaced``; with ``base_image`` the layers
+        between are read too (``overlay.changes_since``). Otherwise the engine's ``diff``
+        API answers, which knows only the container's own image. Both read engine-side
+        state; nothing inside the sandbox can hide a change.
+
+        Raises ``SandboxError`` when ``base_image`` is not below the container's image, or
+        is another image and this host cannot read the layers.
         """
         found = self._layers(container_id)
+        base_layers = self._layers_below(container_id, base_image) if base_image else None
         if found is not None:
+            upper, lowers = found
             try:
-                return overlay.changes(*found)
+                if base_layers:
+                    lowers = [d for d in lowers if not d.endswith("-init/diff")]
+                    return overlay.changes_since(upper, lowers, base_layers)
+                return overlay.changes(upper, lowers)
+            except ValueError as e:
+                raise SandboxError(f"diff of container {container_id}: {e}") from e
             except OSError as e:
                 raise _read_error(e, f"reading the layers of container {container_id}") from e
+        if base_layers:
+            raise SandboxError(
+                f"container {container_id} started from a snapshot of {base_image}: its "
+                "changes since that image are in image layers, which only a control plane "
+                "on the engine's host (overlay2) can read"
+            )
         try:
             rows = self._api.diff(container_id) or []
         except Exception as e:
@@ -1482,7 +1515,12 @@ class DockerRuntime:
             raise _map_error(e, f"thawing container {container_id}") from e
 
     def export_entries(
-        self, container_id: str, paths: Sequence[str], *, max_bytes: int | None = None
+        self,
+        container_id: str,
+        paths: Sequence[str],
+        *,
+        max_bytes: int | None = None,
+        base_image: str | None = None,
     ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
         """Tar members of ``paths`` as they are in the frozen container (see the protocol).
 
@@ -1491,10 +1529,14 @@ class DockerRuntime:
         recreated as one); otherwise, or when a path is not there, one engine archive per
         path (no ancestor entries). ``max_bytes`` bounds the regular files' total (apparent)
         size: ``PayloadTooLarge`` is raised before the member that would pass it is read (a
-        sparse file counts at its full size, as it would be copied). Raises ``NotFound`` or
-        ``SandboxError`` otherwise.
+        sparse file counts at its full size, as it would be copied). With ``base_image``
+        below the container's own image (``diff``), the upper directory alone does not hold
+        a changed directory's whole content, so the engine reads every path. Raises
+        ``NotFound`` or ``SandboxError`` otherwise.
         """
         found = self._layers(container_id)
+        if base_image and self._layers_below(container_id, base_image):
+            found = None
         members: Iterator[tuple[tarfile.TarInfo, BinaryIO | None]] | None = None
         if found is not None:
             try:

@@ -166,6 +166,46 @@ def changes(upper: str, lowers: list[str]) -> list[FsChange]:
     return out
 
 
+def changes_since(upper: str, lowers: list[str], base: list[str]) -> list[FsChange]:
+    """Changes of the view ``upper`` over ``lowers`` against ``base``, a suffix of
+    ``lowers`` (the pristine image's layers), in ``changes``'s semantics.
+
+    The layers between (a snapshot's, for a sandbox forked or resumed from one) hold
+    changes as much as ``upper`` does: each layer is read against what lies below it,
+    oldest first, and a newer layer's entry wins; a deletion or a type change in a newer
+    layer drops what older layers held beneath that path. Kinds are then restated against
+    ``base``: added when ``base`` lacks the path, a deletion of a path ``base`` lacks is no
+    change at all, ``replaced`` when the type differs from ``base``'s.
+
+    Raises ``ValueError`` when ``base`` is not a suffix of ``lowers``.
+    """
+    if not base or lowers[len(lowers) - len(base) :] != base:
+        raise ValueError("the pristine layers are not below this container's")
+    stack = [upper, *lowers[: len(lowers) - len(base)]]  # top first
+    merged: dict[str, FsChange] = {}
+    for i in reversed(range(len(stack))):  # oldest first
+        for c in changes(stack[i], stack[i + 1 :] + base):
+            if c.kind == "deleted" or c.replaced:
+                prefix = c.path + "/"
+                for key in [k for k in merged if k.startswith(prefix)]:
+                    del merged[key]
+            merged[c.path] = c
+    out: list[FsChange] = []
+    for path, c in sorted(merged.items()):
+        rel = path[1:]
+        before = _lower_stat(base, rel)
+        if c.kind == "deleted":
+            if before is not None:
+                out.append(c)
+        elif before is None:
+            out.append(FsChange(path, "added"))
+        else:
+            now = _lower_stat(stack, rel)
+            replaced = now is not None and stat.S_ISDIR(now.st_mode) != stat.S_ISDIR(before.st_mode)
+            out.append(FsChange(path, "modified", replaced=replaced))
+    return out
+
+
 class UnreadablePath(Exception):
     """A path asked of ``entries`` is not in the upper directory as a plain tree."""
 

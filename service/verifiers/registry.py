@@ -24,11 +24,11 @@ class EndState:
 
     ``episode_container_id`` is the episode's container, frozen (every process suspended):
     it may be diffed and read engine-side (``diff``, ``get_archive``, ``export_entries``),
-    never executed in. ``pristine_image`` is the image the episode started from (the task
-    image, or a group's prepared snapshot). ``fresh_sandbox()`` returns a started container
-    of ``pristine_image`` that nothing has touched: taken from the template's warm pool when
-    it has one of that image, else created. ``dispose`` removes containers the verifier
-    obtained (in the background).
+    never executed in. ``pristine_image`` is the task image the episode's work is measured
+    from (a resumed episode's container runs a checkpoint's image, which derives from it).
+    ``fresh_sandbox()`` returns a started container of ``pristine_image`` that nothing has
+    touched: taken from the template's warm pool when it has one of that image, else
+    created. ``dispose`` removes containers the verifier obtained (in the background).
     """
 
     runtime: SandboxRuntime

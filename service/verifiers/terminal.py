@@ -222,13 +222,15 @@ def verify(
     fresh_sandbox: Callable[[], str],
     dispose: Callable[[str], object] | None = None,
     image: str = "",
+    pristine_image: str | None = None,
 ) -> VerifierResult:
     """Verify the end state of the frozen ``episode_container_id`` (see ``isolation``).
 
     The episode's container is only diffed and read, never executed in. ``fresh_sandbox()``
     gives the verifier's sandbox (a started, untouched container of the episode's pristine
-    image, ``image`` naming it for the toolchain cache); the agent's changes and the tests
-    are replayed onto it and the tests run there under Crucible's observer. ``dispose``
+    image, ``image`` naming it for the toolchain cache); the agent's changes since
+    ``pristine_image`` (default: the container's own image) and the tests are replayed onto
+    it and the tests run there under Crucible's observer. ``dispose``
     removes it (default: ``runtime.destroy`` inline; the service passes a background
     destroyer). Never raises: Crucible's own failures are ``status=error``.
     """
@@ -236,7 +238,9 @@ def verify(
     created: list[str] = []
     try:
         try:
-            changes = runtime.diff(episode_container_id)
+            # against the pristine image: a sandbox resumed from a checkpoint holds the
+            # agent's earlier work in its image's layers, not in its own writable layer
+            changes = runtime.diff(episode_container_id, base_image=pristine_image)
         except EndStateUnreadable as e:
             return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0)
         vcid = fresh_sandbox()
@@ -257,6 +261,7 @@ def verify(
                 into=vcid,
                 site_dirs=tools.site_dirs,
                 private_files=((SECRET_PATH, secret.file_bytes()),),
+                base_image=pristine_image,
             )
         except PayloadTooLarge as e:
             limit_mib = (check.max_end_state_bytes or 0) >> 20
@@ -403,11 +408,12 @@ def _replay(
     into: str,
     site_dirs: tuple[str, ...] = (),
     private_files: tuple[tuple[str, bytes], ...] = (),
+    base_image: str | None = None,
 ) -> None:
     """Make ``into`` hold the episode's end state (outside protected paths) plus the tests:
     removals first (the pristine toolchain's ``rm``, paths NUL-separated on stdin), then one
-    archive with the changed entries read from ``source``, the tests and the verifier's
-    ``.pth`` in ``site_dirs``.
+    archive with the changed entries read from ``source`` (as diffed against
+    ``base_image``), the tests and the verifier's ``.pth`` in ``site_dirs``.
 
     Raises ``PayloadTooLarge`` (the changed files exceed ``check.max_end_state_bytes``),
     ``EndStateUnreadable``, or another ``CrucibleError`` (the removal failed, the engine
@@ -431,7 +437,9 @@ def _replay(
             )
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as buf:
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-            entries = runtime.export_entries(source, plan.copy, max_bytes=check.max_end_state_bytes)
+            entries = runtime.export_entries(
+                source, plan.copy, max_bytes=check.max_end_state_bytes, base_image=base_image
+            )
             for info, reader in entries:
                 t.addfile(info, reader)
             # /tests and /logs are protected (never replayed): fresh tests and an empty
@@ -471,6 +479,7 @@ def verify_episode(task: Task, end: EndState) -> VerifierResult:
         fresh_sandbox=end.fresh_sandbox,
         dispose=end.dispose,
         image=end.template.image,
+        pristine_image=end.pristine_image,
     )
 
 

@@ -4,6 +4,7 @@ modes and link targets, both from host-read layers and through the engine's arch
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -170,3 +171,60 @@ def test_a_freezer_that_refuses_never_turns_an_end_state_unreadable(
     files = runtime.read_files(cid, "/logs/verifier", ["reward.txt"], max_bytes=1 << 10)
     assert files == {"reward.txt": b"7\n"}
     runtime.thaw(cid)
+
+
+RESUMED_CHANGES = r"""
+set -e
+echo two > /app/work/c
+rm /app/work/b
+echo more >> /app/work/a
+rm -rf /app/work/dir
+"""
+
+
+def test_a_sandbox_resumed_from_a_snapshot_is_diffed_against_the_pristine_image(
+    docker_runtime: Any, make_sandbox: Callable[..., str], sandbox_image: str
+) -> None:
+    """Trial finding: a sandbox resumed from a checkpoint runs the checkpoint's image, so
+    its own writable layer holds only what changed since; diffed against its image, the
+    agent's work before the checkpoint was never replayed (a solved task could score 0).
+    Diffed against the pristine image, the layers between count as the agent's too."""
+    runtime = DockerRuntime(client=docker_runtime._client, read_host_layers=True)
+    first = make_sandbox()
+    before = (
+        "set -e; mkdir -p /app/work/dir/sub; echo one > /app/work/a; echo gone > /app/work/b; "
+        "echo deep > /app/work/dir/sub/f; echo kept > /app/work/kept; rm -f /etc/issue; "
+        "echo tool > /usr/local/bin/zz-tool"
+    )
+    assert runtime.exec(first, ExecRequest(cmd=["bash", "-c", before], user="0")).exit_code == 0
+    tag = f"resume-{secrets.token_hex(4)}"
+    snapshot = runtime.snapshot(first, repository="crucible-test-snapshots", tag=tag)
+    resumed = None
+    try:
+        resumed = make_sandbox(image=snapshot)
+        done = runtime.exec(resumed, ExecRequest(cmd=["bash", "-c", RESUMED_CHANGES], user="0"))
+        assert done.exit_code == 0, done.stderr
+        expected = _manifest(runtime, resumed)
+        runtime.freeze(resumed)
+        own = {c.path for c in runtime.diff(resumed)}
+        assert "/app/work/kept" not in own  # its image holds it: the old blind spot
+        changes = runtime.diff(resumed, base_image=sandbox_image)
+        kinds = {c.path: c.kind for c in changes}
+        assert kinds["/app/work"] == "added" and kinds["/etc/issue"] == "deleted"
+        assert kinds["/app/work/kept"] == kinds["/app/work/a"] == "added"
+        assert not any(p.startswith("/app/work/dir") or p == "/app/work/b" for p in kinds)
+        plan = plan_changes(changes)
+        assert plan.tampered == ("/usr/local/bin/zz-tool",)
+        fresh = make_sandbox()
+        check = TerminalCheck(test_command="true", tests_dir=None, workdir="/app", timeout_s=60)
+        _replay(runtime, plan, check, source=resumed, into=fresh, base_image=sandbox_image)
+        got = _manifest(runtime, fresh)
+        assert (got - expected, expected - got) == (set(), set())
+        # the engine's diff knows only the container's own image: refused, never partial
+        engine = DockerRuntime(client=docker_runtime._client, read_host_layers=False)
+        with pytest.raises(CrucibleError, match="snapshot"):
+            engine.diff(resumed, base_image=sandbox_image)
+    finally:
+        if resumed is not None:
+            runtime.destroy(resumed)
+        docker_runtime._client.images.remove(snapshot, force=True)
