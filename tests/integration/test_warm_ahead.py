@@ -56,7 +56,8 @@ def test_queued_items_warm_their_pools_before_claims_arrive(stack: Stack) -> Non
 
     stack.wait_for(lambda: warmed({TASKS[0], TASKS[1]}), 300)
     lv = _levels(stack)
-    assert [lv[t]["target"] for t in TASKS] == [1, 1, 0, 0], lv
+    # a group of two takes 4: its two members and their verifiers' pristine sandboxes
+    assert [lv[t]["target"] for t in TASKS] == [4, 4, 0, 0], lv
     assert _items(stack, job_id)["queued"] == 4  # nobody has claimed yet
     assert lv[TASKS[2]]["warm"] == lv[TASKS[3]]["warm"] == 0, lv
 
@@ -68,7 +69,7 @@ def test_queued_items_warm_their_pools_before_claims_arrive(stack: Stack) -> Non
         got = [client.claim(job_id, worker=f"w{i}", lease_s=300) for i in range(2)]
     assert [g.task_id for g in got if g] == TASKS[:2]
     stack.wait_for(lambda: warmed(set(TASKS)), 300)
-    assert [lv["target"] for lv in _levels(stack).values()] == [1, 1, 1, 1]
+    assert [lv["target"] for lv in _levels(stack).values()] == [4, 4, 4, 4]
     assert _items(stack, job_id)["queued"] == 2
 
     assert stack.alice.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
