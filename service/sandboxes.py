@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +38,7 @@ from service.leasecache import LeaseView
 from service.metrics import LEASE_LATENCY, LEASES, QUOTA_REFUSALS
 from service.pool import lease_expiry
 from service.runtime.base import ExecChunk, ExecRequest, ExecResult, ExecStream
+from service.templates import Template
 from service.tenants import Principal, Resources
 
 
@@ -139,29 +142,31 @@ def list_sandboxes(
         return list(s.execute(q.order_by(Sandbox.created_at.desc()).limit(500)).scalars())
 
 
-@tracing.traced("sandbox.lease")
-def lease(
+@dataclass
+class _LeasePlan:
+    """A lease worked out before its transaction: the template with the lease's limits,
+    the quota it needs, and the unit of work that claims it (for ``ctx.commits``)."""
+
+    t0: float
+    template: str
+    base: Template
+    tpl: Template
+    ttl: int
+    need: Resources
+    sid: str
+    claim: Callable[[Session], Sandbox | None]
+
+
+def _plan_lease(
     ctx: ServiceContext,
     principal: Principal,
     *,
     template: str,
     ttl_s: int | None,
     metadata: dict[str, Any],
-    cpus: float | None = None,
-    memory_mb: int | None = None,
-) -> Sandbox:
-    """Lease one sandbox of ``template``: a warm one, or a cold start when the pool is empty.
-
-    ``cpus`` / ``memory_mb`` override the template's limits for this lease (the quota is
-    charged what is asked); a warm sandbox gets them applied before it is handed out.
-
-    Quota reservation, the warm claim (or the cold row) and the audit event commit in one
-    transaction.
-
-    Raises:
-        NotFound: unknown template. QuotaExceeded: over quota (audited).
-        SandboxError: a cold start failed (quota given back).
-    """
+    cpus: float | None,
+    memory_mb: int | None,
+) -> _LeasePlan:
     t0 = time.perf_counter()
     base = ctx.templates.get(template)
     tpl = base.model_copy(
@@ -210,26 +215,114 @@ def lease(
             )
         return warm
 
-    try:
-        # One transaction per lease, committed together with the concurrent ones (one
-        # fsync for a burst): returns once this lease's commit is durable.
-        warm = ctx.commits.run(claim)
-    except (QuotaExceeded, QuotaNeverFits) as e:
-        QUOTA_REFUSALS.inc()
-        _audit_refusal(ctx, principal, need, e, template=template)
-        raise
+    return _LeasePlan(t0, template, base, tpl, ttl, need, sid, claim)
+
+
+def _refused(ctx: ServiceContext, principal: Principal, plan: _LeasePlan, e: CrucibleError) -> None:
+    QUOTA_REFUSALS.inc()
+    _audit_refusal(ctx, principal, plan.need, e, template=plan.template)
+
+
+def _lease_done(
+    ctx: ServiceContext, principal: Principal, plan: _LeasePlan, warm: Sandbox | None
+) -> Sandbox:
+    """After the claim's commit: the lease's own limits applied to a warm sandbox, or the
+    cold start (both blocking: a worker thread)."""
     ctx.pools.wake()  # after commit: the refill loop must not contend with this transaction
+    template, tpl, base = plan.template, plan.tpl, plan.base
     LEASES.labels(template, "warm" if warm is not None else "cold").inc()
     if warm is not None:
         if (tpl.cpus, tpl.memory_mb) != (base.cpus, base.memory_mb):
             _apply_limits(ctx, principal, warm, tpl)
-        LEASE_LATENCY.labels("warm").observe(time.perf_counter() - t0)
+        LEASE_LATENCY.labels("warm").observe(time.perf_counter() - plan.t0)
         tracing.set_attributes(template=template, source="warm", sandbox_id=warm.id)
         return warm
-    row = _finish_cold_start(ctx, principal, sid, tpl, ttl=ttl, image=None, action="sandbox.lease")
-    LEASE_LATENCY.labels("cold").observe(time.perf_counter() - t0)
+    sid = plan.sid
+    row = _finish_cold_start(
+        ctx, principal, sid, tpl, ttl=plan.ttl, image=None, action="sandbox.lease"
+    )
+    LEASE_LATENCY.labels("cold").observe(time.perf_counter() - plan.t0)
     tracing.set_attributes(template=template, source="cold", sandbox_id=sid)
     return row
+
+
+@tracing.traced("sandbox.lease")
+def lease(
+    ctx: ServiceContext,
+    principal: Principal,
+    *,
+    template: str,
+    ttl_s: int | None,
+    metadata: dict[str, Any],
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+) -> Sandbox:
+    """Lease one sandbox of ``template``: a warm one, or a cold start when the pool is empty.
+
+    ``cpus`` / ``memory_mb`` override the template's limits for this lease (the quota is
+    charged what is asked); a warm sandbox gets them applied before it is handed out.
+
+    Quota reservation, the warm claim (or the cold row) and the audit event commit in one
+    transaction, group-committed with concurrent leases and execs (``ctx.commits``): this
+    returns only once that commit is durable.
+
+    Raises:
+        NotFound: unknown template. QuotaExceeded: over quota (audited).
+        SandboxError: a cold start failed (quota given back).
+    """
+    plan = _plan_lease(
+        ctx,
+        principal,
+        template=template,
+        ttl_s=ttl_s,
+        metadata=metadata,
+        cpus=cpus,
+        memory_mb=memory_mb,
+    )
+    try:
+        warm = ctx.commits.run(plan.claim)
+    except (QuotaExceeded, QuotaNeverFits) as e:
+        _refused(ctx, principal, plan, e)
+        raise
+    return _lease_done(ctx, principal, plan, warm)
+
+
+async def lease_async(
+    ctx: ServiceContext,
+    principal: Principal,
+    *,
+    template: str,
+    ttl_s: int | None,
+    metadata: dict[str, Any],
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+) -> Sandbox:
+    """``lease`` for the event loop, same results and errors: the plan (a template may be
+    resolved) on a worker thread, the claim's group commit awaited without holding a thread
+    (a burst's leases all join one batch), and what blocks after it (limits to apply, a cold
+    start) on a worker thread."""
+    with tracing.span("sandbox.lease"):
+        plan = await run_in_threadpool(
+            functools.partial(
+                _plan_lease,
+                ctx,
+                principal,
+                template=template,
+                ttl_s=ttl_s,
+                metadata=metadata,
+                cpus=cpus,
+                memory_mb=memory_mb,
+            )
+        )
+        try:
+            warm = await ctx.commits.run_async(plan.claim)
+        except (QuotaExceeded, QuotaNeverFits) as e:
+            await run_in_threadpool(_refused, ctx, principal, plan, e)
+            raise
+        same_limits = (plan.tpl.cpus, plan.tpl.memory_mb) == (plan.base.cpus, plan.base.memory_mb)
+        if warm is not None and same_limits:
+            return _lease_done(ctx, principal, plan, warm)  # nothing blocks: metrics only
+        return await run_in_threadpool(_lease_done, ctx, principal, plan, warm)
 
 
 def _apply_limits(ctx: ServiceContext, principal: Principal, row: Sandbox, tpl: Any) -> None:

@@ -117,10 +117,13 @@ def _observe(res: ExecResult) -> None:
     response_model=SandboxOut,
     responses=error_responses(404, 409, 429, 502, 503),
 )
-def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
-    """Lease a sandbox from the template's warm pool (a cold start only when it is empty)."""
+async def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
+    """Lease a sandbox from the template's warm pool (a cold start only when it is empty).
+
+    On the event loop: the claim's group commit is awaited without holding a worker thread
+    (``sandboxes.lease_async``)."""
     limits = body.limits
-    row = sandboxes.lease(
+    row = await sandboxes.lease_async(
         ctx,
         principal,
         template=body.template,
