@@ -538,6 +538,7 @@ def test_discover_suites() -> None:
         "good",
         "hidden-tests",
         "in-process",
+        "native-code",
         "tb2",
     ]
     assert len(suites[0].errors) == 10 and len(suites[1]) == 1 and len(suites[2]) == 3
@@ -610,6 +611,7 @@ def test_registry_from_root() -> None:
         "good",
         "hidden-tests",
         "in-process",
+        "native-code",
         "tb2",
     ]
     assert len(registry.suite("broken").errors) == 10
