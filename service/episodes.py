@@ -126,8 +126,12 @@ def start(
     job_id: str | None = None,
     work_item_id: str | None = None,
     group_id: str | None = None,
+    initial_state: str = "running",
 ) -> list[StartedEpisode]:
     """Start the episodes of one task's group from an identical state.
+
+    ``initial_state``: ``running`` (a sample: verifiable through the API), or ``replaying``
+    (``service.replay``: its own code verifies it, and ``verify`` refuses it).
 
     Ad hoc (no ``work_item_id``): ``group_size`` new episodes. For a work item (which must
     be under a live claim; its job's group size counts): the samples still without an
@@ -186,7 +190,7 @@ def start(
                 image_digest=digest,
                 sandbox_id=sb.id,
                 snapshot_id=prepared_snapshot,
-                state="running",
+                state=initial_state,
                 timing={"lease_ms": round(lease_ms, 3)},
                 claim_id=slots.claim_id,
             )

@@ -105,7 +105,7 @@ def reclaim(ctx: ServiceContext) -> dict[str, int]:
 
 def recover_on_start(ctx: ServiceContext) -> dict[str, int]:
     """Finish what a crash interrupted (see the module docstring). Returns counts."""
-    counts = {"reverify": _verifying_to_running(ctx)}
+    counts = {"reverify": _verifying_to_running(ctx), "replays": _end_interrupted_replays(ctx)}
     counts["orphan_sandboxes"] = _release_orphan_sandboxes(ctx)
     counts["snapshots"] = _drop_interrupted_snapshots(ctx)
     counts["snapshot_images"] = _remove_rowless_snapshot_images(ctx)
@@ -115,6 +115,27 @@ def recover_on_start(ctx: ServiceContext) -> dict[str, int]:
             s, "deployment.recover", details={"deployment": ctx.settings.deployment, **counts}
         )
     return counts
+
+
+def _end_interrupted_replays(ctx: ServiceContext) -> int:
+    """Replays a crash cut off (``replaying``; nothing else ends them) end ``abandoned``
+    and give their sandboxes back."""
+    with ctx.db.session() as s:
+        rows = s.execute(
+            select(Episode.id, Episode.tenant_id, Episode.sandbox_id)
+            .join(Sandbox, Sandbox.id == Episode.sandbox_id)
+            .where(Episode.state == "replaying", Sandbox.deployment == ctx.settings.deployment)
+        ).all()
+        if rows:
+            s.execute(
+                update(Episode)
+                .where(Episode.id.in_([r.id for r in rows]), Episode.state == "replaying")
+                .values(state="abandoned", ended_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+    for r in rows:
+        _release(ctx, r.tenant_id, r.sandbox_id)
+    return len(rows)
 
 
 def _verifying_to_running(ctx: ServiceContext) -> int:

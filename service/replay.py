@@ -4,10 +4,13 @@ version in a new sandbox, compare each turn's exit code and output and the final
 What is compared: per turn with a command, the exit code (the record's ``turns``) and the
 output (``sha256`` of stdout and stderr as the exec audit event of the original sandbox has
 them; events older than that field compare byte counts); then the reward the task's verifier
-gives the replayed end state. The policy's preparation is not an action: for the ``oracle``
-policy it is re-done (the task's ``solution/`` uploaded to ``/solution``, as
-``OraclePolicy.prepare`` does); for another policy, files it uploaded cannot be replayed
-(their bytes are not kept) and the report says so (``uploads``).
+gives the replayed end state. The policy's preparation is not an action: files it uploaded
+cannot be replayed (their bytes are not kept) and the report says so (``uploads``). Only for
+an admin, an ``oracle`` record's preparation is re-done (the task's ``solution/`` uploaded
+to ``/solution``, as ``OraclePolicy.prepare`` does): a trial named its own record's policy
+``oracle`` (the name is the runner's to send), read the solution in the replay's sandbox and
+verified the replay episode to 1.0, so task-private files never enter a tenant's sandbox
+on a tenant's word. The replay episode starts ``replaying``, which ``verify`` refuses.
 
 A divergence on the same task version and image digest means the task (or its
 environment) is nondeterministic: ``nondeterministic`` is set. The replayed episode's end
@@ -147,7 +150,13 @@ def replay(ctx: ServiceContext, principal: Principal, episode_id: str) -> Replay
     execs = [e for e in events if e["action"] == "sandbox.exec"]
     uploads = [e for e in events if e["action"] == "sandbox.file_put"]
     started = episodes.start(
-        ctx, principal, task_id=task.id, suite=task.suite, group_size=1, ttl_s=None
+        ctx,
+        principal,
+        task_id=task.id,
+        suite=task.suite,
+        group_size=1,
+        ttl_s=None,
+        initial_state="replaying",
     )[0]
     new = started.episode
     report.replay_episode_id = new.id
@@ -156,7 +165,7 @@ def replay(ctx: ServiceContext, principal: Principal, episode_id: str) -> Replay
             report.divergences.append(
                 Divergence("image_digest", None, rec.image_digest, new.image_digest)
             )
-        if rec.policy.name == "oracle":
+        if rec.policy.name == "oracle" and principal.is_admin:
             tar = _solution_tar(task)
             files.put(ctx, principal, new.sandbox_id, path="/solution", data=tar, is_tar=True)
         elif uploads:
@@ -248,7 +257,7 @@ def _end(ctx: ServiceContext, principal: Principal, new: Episode, replay_of: str
     with ctx.db.session() as s:
         s.execute(
             update(Episode)
-            .where(Episode.id == new.id, Episode.state.in_(("running", "verifying")))
+            .where(Episode.id == new.id, Episode.state.in_(("replaying", "running", "verifying")))
             .values(state="abandoned", ended_at=utcnow())
             .execution_options(synchronize_session=False)
         )

@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def test_every_oracle_episode_replays_without_divergence(
     assert {o.record.task_id for o in outcomes} == set(job.task_ids)
     diverged = {}
     for o in outcomes:
-        r = stack.alice.post(f"/v1/episodes/{o.record.episode_id}/replay")
+        # an admin's replay re-does the oracle's preparation (the solution upload)
+        r = stack.admin.post(f"/v1/episodes/{o.record.episode_id}/replay")
         assert r.status_code == 200, r.text
         rep = r.json()
         assert rep["replayed_reward"] == o.record.reward == 1.0
@@ -126,3 +128,57 @@ def test_cli_reports_a_nondeterministic_episode(stack: Stack) -> None:
         [CRUCIBLE, "replay", "ep_nope"], env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 1 and "ep_nope" in bad.stdout + bad.stderr
+
+
+def test_a_tenants_replay_never_hands_out_the_solution_nor_a_verifiable_episode(
+    stack: Stack,
+) -> None:
+    """Trial finding: the replay uploaded the task's solution whenever the record's policy
+    was named ``oracle`` (a name the runner sends), into a sandbox leased to the tenant,
+    and the replay episode was verifiable: 1.0 on unsolved tasks, and the solution read."""
+    probe = "test -f /solution/solve.sh && echo leaked; sleep 4; true"
+    key = _key(stack)
+    with Client(stack.url, key) as client:
+        ep = client.run(calls.start_episodes(task_id="word-frequency-top20", suite="terminal"))
+        ep = ep.episodes[0]
+        assert client.run(calls.exec_(ep.sandbox_id, probe, cwd=ep.workdir)).exit_code == 0
+        traj = {"policy": {"name": "oracle", "version": "1"}, "stop_reason": "complete"}
+        traj["turns"] = [{"action": probe, "exit_code": 0}]
+        assert client.run(calls.verify(ep.id, traj)).reward == 0.0
+    before = {sb["id"] for sb in stack.alice.get("/v1/sandboxes").json()["sandboxes"]}
+    result: dict = {}
+    replay = threading.Thread(
+        target=lambda: result.update(r=stack.alice.post(f"/v1/episodes/{ep.id}/replay"))
+    )
+    replay.start()
+    try:
+        new: set = set()
+        stack.wait_for(
+            lambda: bool(
+                new.update(
+                    {sb["id"] for sb in stack.alice.get("/v1/sandboxes").json()["sandboxes"]}
+                    - before
+                )
+                or new
+            ),
+            timeout_s=60,
+        )
+        (sid,) = new
+        events: list = []
+
+        def started() -> bool:  # the lease commits before the episode row
+            params = {"action": "episode.start", "sandbox_id": sid}
+            events[:] = stack.alice.get("/v1/audit", params=params).json()["events"]
+            return bool(events)
+
+        stack.wait_for(started, timeout_s=30)
+        replay_ep = events[0]["details"]["episode_id"]
+        r = stack.alice.post(f"/v1/episodes/{replay_ep}/verify", json=traj)
+        assert r.status_code == 409, r.text  # a replay is not a sample
+    finally:
+        replay.join(timeout=120)
+    rep = result["r"].json()
+    assert result["r"].status_code == 200, rep
+    # no /solution in the replay's sandbox: the probe printed nothing there either
+    assert rep["divergences"] == [] and rep["replayed_reward"] == 0.0, rep
+    assert rep["turns"][0]["replayed_output"] == rep["turns"][0]["recorded_output"], rep
