@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from service.tenants import Principal
 from service.verifiers import registry as verifier_registry
 from service.verifiers.base import VerifierResult
 from service.verifiers.registry import EndState
+
+log = logging.getLogger("crucible.episodes")
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,22 @@ def _slots(
     if job_id is not None:  # only the job's own tenant may add episodes to it
         scheduler.get_job(ctx.db, principal, job_id)
     if work_item_id is None:
-        return _Slots(None, group_id, [], list(range(group_size)))
+        # A job's groups are its work items': an ad-hoc episode naming a job or a group
+        # joined that group's records and moved its advantages (a trial's injection).
+        for name, value in (("job_id", job_id), ("group_id", group_id)):
+            if value is not None:
+                raise InvalidRequest(
+                    f"{name} is given only with work_item_id (the group of a claimed work "
+                    "item); an ad-hoc episode gets a group of its own",
+                    field=name,
+                )
+        return _Slots(None, None, [], list(range(group_size)))
     item = scheduler.get_item(ctx.db, principal, work_item_id)
+    if group_id is not None and group_id != item.group_id:
+        raise InvalidRequest(
+            f"work item {work_item_id} is group {item.group_id}, not {group_id}",
+            field="group_id",
+        )
     if job_id is not None and item.job_id != job_id:
         raise InvalidRequest(
             f"work item {work_item_id} is not part of job {job_id}", field="work_item_id"
@@ -214,6 +231,61 @@ def start(
     return sorted(reused + out, key=lambda e: e.episode.sample_idx)
 
 
+SNAPSHOT_WAIT_S = 60.0
+"""Longest wait of ``verify`` for a snapshot of the episode's sandbox to finish."""
+
+
+def _wait_out_snapshot(ctx: ServiceContext, sandbox_id: str) -> None:
+    """Wait (at most ``SNAPSHOT_WAIT_S``) while the sandbox is ``snapshotting``: a runner's
+    checkpoint may still be committing when it asks for the verdict."""
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while time.monotonic() < deadline:
+        with ctx.db.read() as s:
+            state = s.execute(select(Sandbox.state).where(Sandbox.id == sandbox_id)).scalar()
+        if state != "snapshotting":
+            return
+        time.sleep(0.1)
+
+
+def refuse_while_verifying(ctx: ServiceContext, sandbox_id: str) -> None:
+    """``Conflict`` when an episode on ``sandbox_id`` is being verified: the tenant may not
+    release or snapshot its end state away under the verifier (a trial turned its 0s into
+    errors that way)."""
+    with ctx.db.read() as s:
+        busy = s.execute(
+            select(Episode.id).where(Episode.sandbox_id == sandbox_id, Episode.state == "verifying")
+        ).scalar()
+    if busy is not None:
+        raise Conflict(f"sandbox {sandbox_id}: its episode {busy} is being verified")
+
+
+def _tenants_doing(
+    ctx: ServiceContext, ep: Episode, task: Task, result: VerifierResult
+) -> VerifierResult:
+    """``result`` (an error), or a 0 when what made verification fail was the tenant's:
+    its sandbox released (``DELETE``), or its lease run out, before or during verification.
+    ``status=error`` is excluded from loss, so it must never be something a tenant's call
+    can produce (a trial released the sandbox, then verified). A sandbox Crucible itself
+    failed (``failed``: lost across a restart) stays an error."""
+    with ctx.db.read() as s:
+        row = s.get(Sandbox, ep.sandbox_id)
+    state = row.state if row is not None else "released"
+    if state not in ("released", "expired"):
+        return result
+    dodge = "sandbox_released" if state == "released" else "lease_expired"
+    reason = (
+        f"the episode's sandbox was {state} before its end state could be verified "
+        f"({result.details.get('reason', 'no verdict')})"
+    )
+    return VerifierResult(
+        name=task.verifier,
+        version=result.version,
+        status="ok",
+        reward=0.0,
+        details={"dodge": dodge, "reason": reason, "passed": False},
+    )
+
+
 def _lease_members(
     ctx: ServiceContext,
     principal: Principal,
@@ -275,8 +347,6 @@ def run_verifier(
     snapshot_id = None
     try:
         ctx.runtime.freeze(sandbox.container_id)
-        if ctx.settings.keep_episode_snapshots:
-            snapshot_id = sandboxes.snapshot(ctx, principal, sandbox.id).id
     except CrucibleError as e:
         return VerifierResult(
             name=task.verifier,
@@ -285,6 +355,14 @@ def run_verifier(
             reward=None,
             details={"reason": f"freezing the end state failed: {e.detail}"},
         ), snapshot_id
+    if ctx.settings.keep_episode_snapshots:
+        # A kept snapshot is a convenience, never a condition of the verdict: one refused
+        # (the tenant's snapshot quota full: a trial made every verify an error that way)
+        # leaves the record without it.
+        try:
+            snapshot_id = sandboxes.snapshot(ctx, principal, sandbox.id).id
+        except CrucibleError as e:
+            log.warning("episode %s: end-state snapshot not kept: %s", ep.id, e.detail)
     template = ctx.templates.get(ep.template)
     end = EndState(
         runtime=ctx.runtime,
@@ -374,6 +452,7 @@ def verify(
     snapshot_id = None
     sandbox = None
     try:
+        _wait_out_snapshot(ctx, ep.sandbox_id)
         sandbox = sandboxes.get_live(ctx, principal, ep.sandbox_id)
         result, snapshot_id = run_verifier(ctx, principal, ep, task, sandbox)
     except (Conflict, NotFound) as e:
@@ -384,6 +463,8 @@ def verify(
             reward=None,
             details={"reason": f"the episode's sandbox is gone: {e.detail}"},
         )
+    if result.status == "error":
+        result = _tenants_doing(ctx, ep, task, result)
     verify_ms = (time.perf_counter() - t0) * 1e3
     observe_verification(task.domain, result, duration_s=verify_ms / 1e3)
     tracing.set_attributes(domain=task.domain, verifier=task.verifier, status=result.status)

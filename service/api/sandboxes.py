@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service import files, sandboxes
+from service import episodes, files, sandboxes
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses, problem_body
 from service.db.models import Sandbox, Snapshot
@@ -278,7 +278,9 @@ def heartbeat(
 
 @router.delete("/{sandbox_id}", response_model=SandboxOut, responses=error_responses(404, 409, 502))
 def release(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
-    """Release the lease; the sandbox is destroyed, never handed to anyone else."""
+    """Release the lease; the sandbox is destroyed, never handed to anyone else. ``409``
+    while its episode is being verified."""
+    episodes.refuse_while_verifying(ctx, sandbox_id)
     return sandbox_out(sandboxes.release(ctx, principal, sandbox_id))
 
 
@@ -289,7 +291,9 @@ def release(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOu
     responses=error_responses(404, 409, 429, 502),
 )
 def snapshot(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> SnapshotOut:
-    """Freeze the sandbox's filesystem; fork it with ``POST /v1/snapshots/{id}/fork``."""
+    """Freeze the sandbox's filesystem; fork it with ``POST /v1/snapshots/{id}/fork``.
+    ``409`` while its episode is being verified."""
+    episodes.refuse_while_verifying(ctx, sandbox_id)
     return snapshot_out(sandboxes.snapshot(ctx, principal, sandbox_id))
 
 

@@ -1,0 +1,113 @@
+"""Red team: what a tenant's own calls around verification could do to its rewards (issue 9,
+a third trial). ``status=error`` is excluded from loss, so no tenant call may produce it,
+and a job's groups hold only their own samples:
+
+- releasing the episode's sandbox, then verifying: an error; now a 0 (``sandbox_released``);
+- releasing or snapshotting it while it is verified: an error; now refused (409) and the
+  verdict stands; a snapshot in flight when the verdict is asked for is waited out;
+- a full snapshot quota with ``keep_episode_snapshots``: every verify an error; now the
+  record is kept without its snapshot;
+- an ad-hoc episode naming another job's group joined its records and moved its
+  advantages: ``job_id`` and ``group_id`` come only with a claimed work item.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import select
+
+from service import tenants
+from service.db.models import Episode
+from tests.integration.api.conftest import Stack
+from tests.redteam.episodes import TRAJ, start, verify
+
+pytestmark = [pytest.mark.docker, pytest.mark.redteam]
+
+TASK = "word-frequency-top20"
+
+
+def test_a_released_sandbox_scores_zero_not_an_error(stack: Stack) -> None:
+    ep = start(stack, TASK, "terminal")
+    assert stack.alice.delete(f"/v1/sandboxes/{ep['sandbox_id']}").status_code == 200
+    rec = verify(stack, ep)
+    v = rec["verifier"]
+    assert (rec["reward"], v["status"], v["details"]["dodge"]) == (0.0, "ok", "sandbox_released")
+
+
+def test_the_end_state_cannot_be_taken_away_while_it_is_verified(stack: Stack) -> None:
+    ep = start(stack, TASK, "terminal")
+    sid = ep["sandbox_id"]
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(rec=verify(stack, ep)))
+    t.start()
+    try:
+
+        def verifying() -> bool:
+            with stack.ctx.db.read() as s:
+                state = s.execute(select(Episode.state).where(Episode.id == ep["id"])).scalar()
+            return state == "verifying"
+
+        stack.wait_for(verifying, timeout_s=60)
+        release = stack.alice.delete(f"/v1/sandboxes/{sid}")
+        snap = stack.alice.post(f"/v1/sandboxes/{sid}/snapshots")
+    finally:
+        t.join(timeout=300)
+    assert (release.status_code, snap.status_code) == (409, 409), (release.text, snap.text)
+    assert "being verified" in release.json()["detail"]
+    v = got["rec"]["verifier"]
+    assert (got["rec"]["reward"], v["status"]) == (0.0, "ok"), v
+    assert v["details"].get("dodge") is None, v["details"]  # the tests ran and failed
+
+
+def test_a_snapshot_in_flight_is_waited_out(stack: Stack) -> None:
+    ep = start(stack, TASK, "terminal")
+    got: dict = {}
+    t = threading.Thread(
+        target=lambda: got.update(r=stack.alice.post(f"/v1/sandboxes/{ep['sandbox_id']}/snapshots"))
+    )
+    t.start()
+    time.sleep(0.05)  # the trial sent its verify 0.15 s after the snapshot
+    rec = verify(stack, ep)
+    t.join(timeout=120)
+    assert got["r"].status_code in (201, 409), got["r"].text
+    v = rec["verifier"]
+    assert (rec["reward"], v["status"]) == (0.0, "ok"), v
+
+
+def test_a_full_snapshot_quota_does_not_void_a_verdict(stack: Stack) -> None:
+    with stack.ctx.db.session() as s:
+        tenants.create_tenant(
+            s, "quota-full", max_sandboxes=4, max_cpus=8, max_memory_mb=1 << 14, max_snapshots=0
+        )
+        key = tenants.create_key(s, "quota-full")
+    client = stack.make_client(key)
+    keep = stack.ctx.settings.keep_episode_snapshots
+    stack.ctx.settings.keep_episode_snapshots = True
+    try:
+        r = client.post("/v1/episodes", json={"task_id": TASK, "suite": "terminal"})
+        assert r.status_code == 201, r.text
+        ep = r.json()["episodes"][0]
+        r = client.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
+        assert r.status_code == 200, r.text
+    finally:
+        stack.ctx.settings.keep_episode_snapshots = keep
+        client.close()
+    rec = r.json()
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+
+
+def test_an_ad_hoc_episode_cannot_join_a_jobs_group(stack: Stack) -> None:
+    job = stack.alice.post(
+        "/v1/jobs", json={"suite": "terminal", "task_ids": [TASK], "policy": {"name": "t"}}
+    ).json()
+    for field, value in (("job_id", job["id"]), ("group_id", "grp_0123456789abcdef")):
+        r = stack.alice.post(
+            "/v1/episodes", json={"task_id": TASK, "suite": "terminal", field: value}
+        )
+        assert r.status_code == 400, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert field in r.text
+    assert stack.alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
