@@ -29,6 +29,7 @@ from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.metrics import observe_verification
 from service.pool import spec_for
+from service.scheduler import plan
 from service.tasks import builds, verifier_network
 from service.tasks.models import Task
 from service.tasks.registry import template_name
@@ -72,12 +73,14 @@ class _Slots:
     group_id: str | None
     reuse: list[Episode]
     new: list[int]
+    job_id: str | None = None  # the work item's job (None: ad-hoc)
 
 
 def _slots(
     ctx: ServiceContext,
     principal: Principal,
     *,
+    task: Task,
     group_size: int,
     job_id: str | None,
     work_item_id: str | None,
@@ -113,6 +116,14 @@ def _slots(
     if claim_id is None:
         raise Conflict(f"work item {work_item_id} is {item.state}, not under a live claim")
     job = scheduler.get_job(ctx.db, principal, item.job_id)
+    # The item names its task: a trial started an easy task under a hard task's item and
+    # its records completed the item at 1.0.
+    want = (plan.item_suite(item, job), item.task_id)
+    if (task.suite, task.id) != want:
+        raise InvalidRequest(
+            f"work item {work_item_id} is task {want[0]}/{want[1]}, not {task.suite}/{task.id}",
+            field="task_id",
+        )
     with ctx.db.read() as s:
         recorded = scheduler.recorded_samples(s, work_item_id)
         live = (
@@ -129,7 +140,8 @@ def _slots(
     new = [i for i in todo if i not in reuse]
     if not todo:
         raise Conflict(f"every sample of work item {work_item_id} is recorded; complete it")
-    return _Slots(claim_id, item.group_id, sorted(reuse.values(), key=lambda e: e.sample_idx), new)
+    reused = sorted(reuse.values(), key=lambda e: e.sample_idx)
+    return _Slots(claim_id, item.group_id, reused, new, job_id=item.job_id)
 
 
 def start(
@@ -168,6 +180,7 @@ def start(
     slots = _slots(
         ctx,
         principal,
+        task=task,
         group_size=group_size,
         job_id=job_id,
         work_item_id=work_item_id,
@@ -176,6 +189,7 @@ def start(
     reused = [StartedEpisode(ep, task) for ep in slots.reuse]
     if not slots.new:
         return reused
+    job_id = slots.job_id or job_id  # a work item's records always carry its job
     t0 = time.perf_counter()
     with builds.on_behalf_of(job_id, tenant_id=principal.tenant_id):  # its build is theirs
         template = ensure_template(ctx, task)
@@ -263,16 +277,24 @@ def _tenants_doing(
     ctx: ServiceContext, ep: Episode, task: Task, result: VerifierResult
 ) -> VerifierResult:
     """``result`` (an error), or a 0 when what made verification fail was the tenant's:
-    its sandbox released (``DELETE``), or its lease run out, before or during verification.
+    its sandbox released (``DELETE``), its lease run out, or its snapshot still committing
+    after ``SNAPSHOT_WAIT_S``, before or during verification.
     ``status=error`` is excluded from loss, so it must never be something a tenant's call
     can produce (a trial released the sandbox, then verified). A sandbox Crucible itself
     failed (``failed``: lost across a restart) stays an error."""
     with ctx.db.read() as s:
         row = s.get(Sandbox, ep.sandbox_id)
     state = row.state if row is not None else "released"
-    if state not in ("released", "expired"):
+    dodges = {
+        "released": "sandbox_released",
+        "expired": "lease_expired",
+        # a tenant's snapshot still committing after SNAPSHOT_WAIT_S (a trial made one take
+        # 88 s with 700,000 empty files)
+        "snapshotting": "snapshot_in_flight",
+    }
+    if state not in dodges:
         return result
-    dodge = "sandbox_released" if state == "released" else "lease_expired"
+    dodge = dodges[state]
     reason = (
         f"the episode's sandbox was {state} before its end state could be verified "
         f"({result.details.get('reason', 'no verdict')})"

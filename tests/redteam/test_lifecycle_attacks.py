@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from service import tenants
-from service.db.models import Episode
+from service.db.models import Episode, Sandbox
 from tests.integration.api.conftest import Stack
 from tests.redteam.episodes import TRAJ, start, verify
 
@@ -111,3 +111,64 @@ def test_an_ad_hoc_episode_cannot_join_a_jobs_group(stack: Stack) -> None:
         assert r.headers["content-type"].startswith("application/problem+json")
         assert field in r.text
     assert stack.alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+
+
+def test_a_work_item_runs_only_its_own_task(stack: Stack) -> None:
+    """Trial finding: a claimed item of a hard task accepted episodes of an easy one, whose
+    records completed the item at 1.0 (and, without ``job_id``, left the job's export)."""
+    from policy_client.client import Client
+
+    job = stack.alice.post(
+        "/v1/jobs",
+        json={"suite": "terminal", "task_ids": ["git-split-commit"], "policy": {"name": "t"}},
+    ).json()
+    key = stack.alice.headers["authorization"].split(" ", 1)[1]
+    with Client(stack.url, key) as client:
+        item = client.claim(job["id"], worker="w", lease_s=300)
+    assert item is not None and item.task_id == "git-split-commit"
+    for extra in ({"job_id": job["id"]}, {}):
+        r = stack.alice.post(
+            "/v1/episodes",
+            json={"task_id": TASK, "suite": "terminal", "work_item_id": item.id, **extra},
+        )
+        assert r.status_code == 400 and "task_id" in r.text, r.text
+    r = stack.alice.post(
+        "/v1/episodes",
+        json={"task_id": "git-split-commit", "suite": "terminal", "work_item_id": item.id},
+    )
+    assert r.status_code == 201, r.text
+    assert {e["job_id"] for e in r.json()["episodes"]} == {job["id"]}  # the item's job
+    for e in r.json()["episodes"]:
+        stack.alice.delete(f"/v1/sandboxes/{e['sandbox_id']}")
+    assert stack.alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+
+
+def test_a_snapshot_still_committing_after_the_wait_scores_zero(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial finding: 700,000 empty files made a tenant's snapshot take 88 s, past the 60 s
+    the verdict waits, and the unsolved 0 became an error."""
+    from service import episodes as episodes_module
+
+    monkeypatch.setattr(episodes_module, "SNAPSHOT_WAIT_S", 0.0)
+    ep = start(stack, TASK, "terminal")
+    sid = ep["sandbox_id"]
+    got: dict = {}
+    t = threading.Thread(
+        target=lambda: got.update(r=stack.alice.post(f"/v1/sandboxes/{sid}/snapshots"))
+    )
+    t.start()
+    try:
+
+        def snapshotting() -> bool:
+            with stack.ctx.db.read() as s:
+                state = s.execute(select(Sandbox.state).where(Sandbox.id == sid)).scalar()
+            return state == "snapshotting"
+
+        stack.wait_for(snapshotting, timeout_s=60)
+        rec = verify(stack, ep)
+    finally:
+        t.join(timeout=120)
+    v = rec["verifier"]
+    assert (rec["reward"], v["status"]) == (0.0, "ok"), v
+    assert v["details"]["dodge"] in ("snapshot_in_flight", None), v["details"]
