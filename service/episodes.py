@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,9 +316,8 @@ def _lease_members(
     ttl_s: int,
     metadata: dict[str, Any],
 ) -> list[Sandbox]:
-    """``n`` sandboxes of ``template`` for a group, leased at once (warm when the pool has
-    them), all or nothing: on any failure the ones leased are released and the first error
-    is raised (``QuotaExceeded``, ``SandboxError``).
+    """``n`` sandboxes of ``template`` for a group, all or nothing
+    (``sandboxes.lease_many``).
 
     Every member starts from the task image, which is the group's identical start by
     construction. Groups used to fork from a snapshot of a prepared sandbox; a red-team
@@ -330,25 +328,9 @@ def _lease_members(
     """
     if n == 1:
         return [sandboxes.lease(ctx, principal, template=template, ttl_s=ttl_s, metadata=metadata)]
-    with ThreadPoolExecutor(max_workers=min(n, 8)) as pool:
-        futures = [
-            pool.submit(
-                sandboxes.lease, ctx, principal, template=template, ttl_s=ttl_s, metadata=metadata
-            )
-            for _ in range(n)
-        ]
-        members, errors = [], []
-        for f in futures:
-            try:
-                members.append(f.result())
-            except CrucibleError as e:
-                errors.append(e)
-    if errors:
-        for sb in members:
-            with contextlib.suppress(CrucibleError):
-                sandboxes.release(ctx, principal, sb.id)
-        raise errors[0]
-    return members
+    return sandboxes.lease_many(
+        ctx, principal, template=template, n=n, ttl_s=ttl_s, metadata=metadata
+    )
 
 
 def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:

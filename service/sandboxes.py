@@ -826,6 +826,49 @@ def expire_snapshots(ctx: ServiceContext) -> int:
     return sum(_end_snapshot(ctx, snap, "snapshot.expire") for snap in due)
 
 
+def _all_or_none(
+    ctx: ServiceContext, principal: Principal, starts: list[Callable[[], Sandbox]]
+) -> tuple[list[Sandbox], list[CrucibleError]]:
+    """Run ``starts`` at once (at most 8 threads); when any raised, release the sandboxes
+    the others made. Returns (sandboxes, errors): the sandboxes only when ``errors`` is
+    empty."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(starts), 8))) as pool:
+        futures = [pool.submit(fn) for fn in starts]
+        made, errors = [], []
+        for f in futures:
+            try:
+                made.append(f.result())
+            except CrucibleError as e:
+                errors.append(e)
+    if errors:
+        for sb in made:
+            with contextlib.suppress(CrucibleError):
+                release(ctx, principal, sb.id)
+        return [], errors
+    return made, []
+
+
+def lease_many(
+    ctx: ServiceContext,
+    principal: Principal,
+    *,
+    template: str,
+    n: int,
+    ttl_s: int | None,
+    metadata: dict[str, Any],
+) -> list[Sandbox]:
+    """``n`` leases of ``template`` at once (warm ones when the pool has them), all or
+    nothing: on any failure the ones made are released and the first error is raised
+    (``QuotaExceeded``, ``SandboxError``)."""
+    one = functools.partial(
+        lease, ctx, principal, template=template, ttl_s=ttl_s, metadata=metadata
+    )
+    made, errors = _all_or_none(ctx, principal, [one] * n)
+    if errors:
+        raise errors[0]
+    return made
+
+
 def fork(
     ctx: ServiceContext,
     principal: Principal,
@@ -884,17 +927,10 @@ def fork(
             extra={"snapshot_id": snapshot_id, "fork_index": i, "n": n},
         )
 
-    with ThreadPoolExecutor(max_workers=min(n, 8)) as pool:
-        futures = [pool.submit(start, x) for x in enumerate(ids)]
-        results, errors = [], []
-        for f in futures:
-            try:
-                results.append(f.result())
-            except CrucibleError as e:
-                errors.append(e)
+    results, errors = _all_or_none(
+        ctx, principal, [functools.partial(start, x) for x in enumerate(ids)]
+    )
     if errors:
-        for sb in results:
-            release(ctx, principal, sb.id)
         raise SandboxError(
             f"fork of {snapshot_id} failed for {len(errors)} of {n}: {errors[0].detail}"
         )
