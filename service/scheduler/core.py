@@ -262,9 +262,10 @@ def claim(
     """Claim the next item of ``job_id`` for ``worker`` for ``lease_s`` seconds; None when
     nothing is claimable now (all final, or held by live claims).
 
-    An item whose previous claim lapsed is taken over here at no attempt's cost; the old
-    claim's unfinished episodes are abandoned by ``service.recovery.reclaim`` (an episode
-    lives only while its claim is its item's live claim). A job with a schedule picks by
+    An item whose previous claim lapsed is taken over here at no attempt's cost, and the
+    lapse is audited (``job.claim_lapsed``) as the sweep would have; the old claim's
+    unfinished episodes are abandoned by ``service.recovery.reclaim`` (an episode lives
+    only while its claim is its item's live claim). A job with a schedule picks by
     ``plan.choose``; one without, by priority then age. ``policy_version`` is the version
     the claim samples with (bounded staleness).
 
@@ -318,6 +319,17 @@ def claim(
             ).rowcount
             if not got:
                 continue
+            if lapsed is not None:  # taken over here, before any sweep requeued it
+                audit.record(
+                    s,
+                    "job.claim_lapsed",
+                    details={
+                        "job_id": job_id,
+                        "work_item_id": item.id,
+                        "worker": item.claimed_by,
+                        "claim_id": lapsed,
+                    },
+                )
             s.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.state == "queued")

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from service import idempotency, rewards, scheduler, tenants
 from service.db.engine import Database
-from service.db.models import IdempotencyKey, RewardRecordRow, WorkItem
+from service.db.models import AuditEvent, IdempotencyKey, RewardRecordRow, WorkItem
 from service.serverlock import AlreadyServing, ServerLock
 from service.tenants import Principal
 from tests.integration.db.test_rewards_store import make
@@ -111,6 +111,29 @@ def test_lapsed_claims_and_infrastructure_failures_use_no_attempt(tenant_db: Dat
     done = scheduler.complete(tenant_db, P, item.id, worker="w2", ok=True)
     assert (done.state, done.attempts) == ("failed", 1)
     assert "unrecorded" in done.last_error
+
+
+def test_a_claim_taking_over_a_lapsed_claim_audits_the_lapse_once(tenant_db: Database) -> None:
+    # Regression: a claim that took over an expired claim before any sweep requeued it left
+    # no job.claim_lapsed event, so the audit showed two claims on an item with no lapse.
+    job = _job(tenant_db, ["a"])
+    first = scheduler.claim(tenant_db, P, job, worker="w1", lease_s=60)
+    with tenant_db.session() as s:
+        s.execute(update(WorkItem).values(claim_expires_at=first.created_at))
+    second = scheduler.claim(tenant_db, P, job, worker="w2", lease_s=60)
+    assert second.id == first.id and second.claim_id != first.claim_id
+    with tenant_db.session() as s:
+        assert scheduler.requeue_lapsed(s) == []  # the live claim is not lapsed
+    with tenant_db.read() as s:
+        events = s.execute(
+            select(AuditEvent.action, AuditEvent.details).where(
+                AuditEvent.action.in_(("job.claim", "job.claim_lapsed"))
+            )
+        ).all()
+    lapses = [d for a, d in events if a == "job.claim_lapsed"]
+    claims = [d for a, d in events if a == "job.claim"]
+    assert len(claims) == 2 and claims[1]["reclaimed_from"] == first.claim_id
+    assert [(d["claim_id"], d["worker"]) for d in lapses] == [(first.claim_id, "w1")]
 
 
 def test_a_job_is_done_only_with_every_record_else_partial_naming_the_missing(
