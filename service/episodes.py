@@ -34,6 +34,7 @@ from service.tasks.models import Task
 from service.tasks.registry import template_name
 from service.templates import Template
 from service.tenants import Principal
+from service.text import recordable
 from service.verifiers import registry as verifier_registry
 from service.verifiers.base import VerifierResult
 from service.verifiers.registry import EndState
@@ -473,7 +474,7 @@ def verify(
     observe_verification(task.domain, result, duration_s=verify_ms / 1e3)
     tracing.set_attributes(domain=task.domain, verifier=task.verifier, status=result.status)
     try:
-        record = build_record(
+        record = record_verdict(
             ep, result, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id
         )
     except InvalidRequest:
@@ -504,7 +505,7 @@ def verify(
             update(Episode)
             .where(Episode.id == episode_id)
             .values(
-                state="verified" if result.status == "ok" else "error",
+                state="verified" if record.verifier.status == "ok" else "error",
                 snapshot_id=snapshot_id,
                 ended_at=utcnow(),
                 timing={**ep.timing, "verify_ms": round(verify_ms, 3)},
@@ -519,14 +520,62 @@ def verify(
             sandbox_id=ep.sandbox_id,
             details={
                 "episode_id": episode_id,
-                "status": result.status,
-                "reward": result.reward,
+                "status": record.verifier.status,
+                "reward": record.reward,
                 "record_id": row.record_id,
-                "tampered": result.details.get("tampered", []),
+                "tampered": record.verifier.details.get("tampered", []),
             },
         )
     _finish(ctx, principal, ep, snapshot_id)
     return rewards.to_record(row)
+
+
+def record_verdict(
+    ep: Episode,
+    result: VerifierResult,
+    *,
+    trajectory: dict[str, Any],
+    verify_ms: float,
+    snapshot_id: str | None,
+) -> rewards.RewardRecord:
+    """``build_record`` for a verdict read from an end state, which is the agent's to shape.
+
+    Its details are made storable first (``service.text.recordable``: lone surrogates
+    escaped, non-finite numbers as strings). A verdict that still makes no valid record
+    (a trial put a lone surrogate in an answer's key and every verify answered 400, so the
+    sample had no record) scores 0 with ``details["dodge"] = "verdict_unrecordable"``, or
+    keeps its own error status without its details.
+
+    Raises:
+        InvalidRequest: the trajectory is invalid (names the field).
+    """
+    result = dataclasses.replace(result, details=recordable(result.details))
+    try:
+        return build_record(
+            ep, result, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id
+        )
+    except InvalidRequest as e:
+        # Raises again when the trajectory is what is invalid (not the verdict's doing).
+        build_record(
+            ep,
+            VerifierResult(name="check", version="", status="ok", reward=0.0),
+            trajectory=trajectory,
+            verify_ms=verify_ms,
+            snapshot_id=snapshot_id,
+        )
+        details: dict[str, Any] = {"reason": f"the verdict could not be recorded: {e.detail}"}
+        if result.status == "ok":
+            details["dodge"] = "verdict_unrecordable"
+        fallback = VerifierResult(
+            name=result.name,
+            version=result.version,
+            status=result.status,
+            reward=0.0 if result.status == "ok" else None,
+            details=recordable(details),
+        )
+        return build_record(
+            ep, fallback, trajectory=trajectory, verify_ms=verify_ms, snapshot_id=snapshot_id
+        )
 
 
 def _recorded_elsewhere(

@@ -7,6 +7,7 @@ that row. Models reject such text at the door, naming the field.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -40,3 +41,21 @@ def find_unencodable(value: Any, path: str = "") -> str | None:
             if found := find_unencodable(v, f"{path}.{i}" if path else str(i)):
                 return found
     return None
+
+
+def recordable(value: Any) -> Any:
+    """A copy of the JSON-like ``value`` that any record can hold: every string and key
+    with lone surrogates written as ``\\udXXX`` escapes, non-finite floats as the strings
+    ``"inf"``, ``"-inf"`` and ``"nan"``, tuples as lists. For text that came from an end
+    state into a verdict (an answer's keys, a file name), which the agent chooses."""
+    if isinstance(value, str):
+        return _safe(value) if _bad(value) else value
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {recordable(str(k)): recordable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [recordable(v) for v in value]
+    return recordable(str(value))

@@ -165,13 +165,25 @@ def grow_in_sandbox(stack: Stack, ep: dict[str, Any], src: str, times: int = 0) 
         ),  # fmt: skip
     ],
 )
-def test_unreadable_outputs_score_zero(stack: Stack, name: str, setup: str, dodge: str) -> None:
+def test_unreadable_outputs_score_zero(
+    stack: Stack, name: str, setup: str, dodge: str | None
+) -> None:
     ep = start(stack)
     out = run(stack.alice, ep["sandbox_id"], setup)
     assert out["exit_code"] == 0, out["stderr"]
     rec = verify(stack, ep)
     assert_unpaid(rec)
-    assert rec["reward"] == 0.0 and rec["verifier"]["details"]["dodge"] == dodge, name
+    assert rec["reward"] == 0.0 and rec["verifier"]["details"].get("dodge") == dodge, name
+
+
+def test_a_link_whose_target_is_not_utf8_scores_zero(stack: Stack) -> None:
+    # A trial: the link's target reached the verdict's reason as a lone surrogate, the
+    # record refused it and every verify answered 400, so the sample had no record.
+    ep = start(stack, "washer")
+    episodes.sh(stack, ep, "mkdir -p /app/out && ln -sf /app/$'\\xff' /app/out/washer.obj")
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward"] == 0.0, rec["verifier"]
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ public API on bundled tasks. Each scores exactly 0 with ``status=ok``:
   never an expected value) into a second episode;
 - answering only what the instruction gives away (``guessable`` fields);
 - answers that break parsing (deep JSON, huge numbers, non-finite numbers, wrong types,
-  non-UTF-8, gigantic strings) and an ``answer.json`` that is a directory, a FIFO, a
-  symlink to a device, or a tree too large to read; those that hit a cap name it in
-  ``details["dodge"]``.
+  non-UTF-8, lone surrogates, gigantic strings) and an ``answer.json`` that is a directory,
+  a FIFO, a symlink to a device, or a tree too large to read; those that hit a cap name it
+  in ``details["dodge"]``.
 """
 
 from __future__ import annotations
@@ -115,6 +115,11 @@ DEEP = b"[" * 200_000 + b"]" * 200_000
             None,
         ),  # fmt: skip
         ("non-UTF-8", b'{"reporting_currency": "\xff\xfe"}', "not_utf8"),
+        # a lone surrogate (valid ASCII, a str Python cannot encode) reached the verdict's
+        # details, the record refused it and verify answered 400 forever: no record at all
+        ("lone surrogate key", b'{"profit_before_tax_2023": 1, "\\ud800": 1}', None),
+        ("lone surrogate value", b'{"reporting_currency": "\\udfff"}', None),
+        ("infinite number", b'{"profit_before_tax_2023": 1e999, "Infinity": -1e999}', None),
         ("gigantic string", b'{"profit_before_tax_2023": "' + b"9" * 900_000 + b'"}', None),
     ],
 )
