@@ -53,6 +53,13 @@ class EndStateUnreadable(SandboxError):
     unlike every other ``SandboxError`` (the engine's or Crucible's failure)."""
 
 
+ROOT = "0:0"
+"""The identity of Crucible's own commands in a sandbox: uid 0 and gid 0 by number. The
+supervisor takes a numeric group as given, so the sandbox's ``/etc/passwd`` and
+``/etc/group`` (the agent's to write) choose neither (a trial gave root the gid 2**32 - 1
+in the end state's passwd, and every verification of the episode became an error)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecRequest:
     """One command to run in a sandbox.

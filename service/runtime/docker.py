@@ -61,6 +61,7 @@ from service.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_SANDBOX_ID,
     LABEL_TEMPLATE,
+    ROOT,
     ContainerInfo,
     EndStateUnreadable,
     ExecChunk,
@@ -1234,7 +1235,7 @@ class DockerRuntime:
             'if [ -L "$1" ]; then echo symlink; elif [ -d "$1" ]; then echo dir; '
             'elif [ -f "$1" ]; then echo file; elif [ -e "$1" ]; then echo other; fi'
         )
-        request = ExecRequest(cmd=["/bin/sh", "-c", script, "sh", path], user="0", timeout_s=30)
+        request = ExecRequest(cmd=["/bin/sh", "-c", script, "sh", path], user=ROOT, timeout_s=30)
         kind = self.exec(container_id, request).stdout.decode("utf-8", "replace").strip()
         if kind not in ("file", "dir", "symlink", "other"):
             return None
@@ -1271,7 +1272,7 @@ class DockerRuntime:
         request = ExecRequest(
             cmd=["tar", *args],
             stdin=stdin,
-            user="0",
+            user=ROOT,
             timeout_s=600,
             max_output_bytes=_TAR_MAX_BYTES,
         )

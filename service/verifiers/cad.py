@@ -93,7 +93,7 @@ import trimesh
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.errors import CrucibleError, NotFound
-from service.runtime.base import ExecRequest, SandboxRuntime
+from service.runtime.base import ROOT, ExecRequest, SandboxRuntime
 from service.tasks.models import Task
 from service.verifiers import geometry
 from service.verifiers.base import VerifierResult
@@ -684,7 +684,7 @@ def render_silhouettes(
             ],
             cwd=RENDER_DIR,
             timeout_s=settings.render_timeout_s,
-            user="0",
+            user=ROOT,
             max_output_bytes=16 << 10,
         ),
     )

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
-from service.runtime.base import EndStateUnreadable, ExecRequest, SandboxRuntime
+from service.runtime.base import ROOT, EndStateUnreadable, ExecRequest, SandboxRuntime
 from service.tasks.builds import classify
 from service.tasks.models import Task
 from service.verifiers import toolchain
@@ -277,17 +277,20 @@ def verify(
                     cmd=["/bin/bash", "--noprofile", "--norc", "-c", check.test_command],
                     cwd=check.workdir,
                     timeout_s=check.timeout_s,
-                    user="0",
+                    user=ROOT,
                     max_output_bytes=32 << 10,
                     env={k: v.encode() for k, v in env.items()},
                     observe_bytes=OBSERVE_BYTES,
                 ),
             )
         except InvalidRequest as e:
-            if e.field != "cwd":
-                raise
-            reason = f"the workdir {check.workdir} is not a directory in the end state"
-            return _zero("workdir_gone", reason, t0, **tampered)
+            # Crucible wrote this request, so what refuses it is the end state (its workdir,
+            # the files the supervisor reads to start the command): the agent's 0.
+            if e.field == "cwd":
+                reason = f"the workdir {check.workdir} is not a directory in the end state"
+                return _zero("workdir_gone", reason, t0, **tampered)
+            reason = f"the end state refused the test command ({e.field}): {e.detail}"
+            return _zero("exec_refused", reason, t0, **tampered)
         except SandboxError as e:
             if not runtime.ping():
                 raise  # the engine is gone: Crucible's failure, not the end state's
@@ -377,10 +380,10 @@ def verifier_env(check: TerminalCheck, pristine_before: int, agent_until: int) -
     before the replay to the test command's start: ``crucible_guard``), and the loader's
     audit library (``LD_AUDIT``: no agent-written shared object loads, and no agent-written
     program keeps its capabilities, in a process holding ``CAP_DAC_OVERRIDE``; left out
-    when the task declares ``agent_code_in_judge = "allow"`` or ``children_privileged``).
-    No secret: the
+    when the task declares ``agent_code_in_judge = "allow"`` or ``children_privileged``),
+    and ``HOME`` (the task's, else ``/root``; never the end state's passwd). No secret: the
     session keys travel in a file the plugin consumes (``observe.SECRET_PATH``)."""
-    env = {**check.env, **VERIFIER_ENV}
+    env = {**check.env, **VERIFIER_ENV, "HOME": check.env.get("HOME", "/root")}
     plugins = [p for p in check.env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
     env["PYTEST_PLUGINS"] = ",".join(["crucible_observer", *plugins])
     env["CRUCIBLE_CHILDREN_PRIVILEGED"] = "1" if check.children_privileged else "0"
@@ -426,7 +429,7 @@ def _replay(
                 cmd=["xargs", "-0", "-r", "rm", "-rf", "--"],
                 stdin=b"\0".join(p.encode() for p in plan.delete) + b"\0",
                 timeout_s=60,
-                user="0",
+                user=ROOT,
                 max_output_bytes=8 << 10,
             ),
         )

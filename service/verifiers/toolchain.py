@@ -23,7 +23,7 @@ import posixpath
 import threading
 from dataclasses import dataclass
 
-from service.runtime.base import ExecRequest, SandboxRuntime
+from service.runtime.base import ROOT, ExecRequest, SandboxRuntime
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def scan(runtime: SandboxRuntime, container_id: str, *, image: str, workdir: str
         ExecRequest(
             cmd=["/bin/sh", "-c", _SCAN],
             timeout_s=60,
-            user="0",
+            user=ROOT,
             max_output_bytes=_MAX_SCAN_BYTES,
         ),
     )
