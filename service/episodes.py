@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from service import audit, rewards, sandboxes, scheduler, tracing
 from service.context import ServiceContext
-from service.db.models import Episode, RewardRecordRow, Sandbox, WorkItem, utcnow
+from service.db.models import Episode, Job, RewardRecordRow, Sandbox, WorkItem, utcnow
 from service.errors import Conflict, CrucibleError, InvalidRequest, NotFound
 from service.ids import new_id
 from service.metrics import observe_verification
@@ -285,6 +285,8 @@ def _tenants_doing(
     with ctx.db.read() as s:
         row = s.get(Sandbox, ep.sandbox_id)
     state = row.state if row is not None else "released"
+    if state == "leased" and row is not None and row.expires_at and row.expires_at <= utcnow():
+        state = "expired"  # run out, not yet swept
     dodges = {
         "released": "sandbox_released",
         "expired": "lease_expired",
@@ -365,7 +367,7 @@ def run_verifier(
         # (the tenant's snapshot quota full: a trial made every verify an error that way)
         # leaves the record without it.
         try:
-            snapshot_id = sandboxes.snapshot(ctx, principal, sandbox.id).id
+            snapshot_id = sandboxes.snapshot(ctx, principal, sandbox.id, verified=True).id
         except CrucibleError as e:
             log.warning("episode %s: end-state snapshot not kept: %s", ep.id, e.detail)
     template = ctx.templates.get(ep.template)
@@ -435,6 +437,7 @@ def verify(
     done = _recorded_elsewhere(ctx, principal, ep)
     if done is not None:
         return done
+    trajectory = _with_jobs_policy(ctx, ep, trajectory)
     # A bad trajectory is refused before any verification work (a placeholder verdict).
     build_record(
         ep,
@@ -458,7 +461,8 @@ def verify(
     sandbox = None
     try:
         _wait_out_snapshot(ctx, ep.sandbox_id)
-        sandbox = sandboxes.get_live(ctx, principal, ep.sandbox_id)
+        # the sandbox is the verifier's now: every tenant call on it is refused
+        sandbox = sandboxes.take_for_verification(ctx, principal, ep.sandbox_id)
         result, snapshot_id = run_verifier(ctx, principal, ep, task, sandbox)
     except (Conflict, NotFound) as e:
         result = VerifierResult(
@@ -490,6 +494,7 @@ def verify(
                 .values(state="running")
                 .execution_options(synchronize_session=False)
             )
+            sandboxes.hand_back(s, [ep.sandbox_id])
         if snapshot_id:
             sandboxes.delete_snapshot(ctx, principal, snapshot_id)
         raise
@@ -578,6 +583,24 @@ def record_verdict(
         )
 
 
+def _with_jobs_policy(
+    ctx: ServiceContext, ep: Episode, trajectory: dict[str, Any]
+) -> dict[str, Any]:
+    """``trajectory`` whose policy name is the job's for a job's episode (a trial's worker
+    named its records of one job's claim after another policy); the version stays the
+    worker's to report (the weights that sampled it), else the job's."""
+    if ep.job_id is None:
+        return trajectory
+    with ctx.db.read() as s:
+        declared = s.execute(select(Job.policy).where(Job.id == ep.job_id)).scalar() or {}
+    if not declared.get("name"):
+        return trajectory
+    sent = trajectory.get("policy") or {}
+    version = sent.get("version") if isinstance(sent, dict) else None
+    policy = {"name": declared["name"], "version": version or declared.get("version", "")}
+    return {**trajectory, "policy": policy}
+
+
 def _recorded_elsewhere(
     ctx: ServiceContext, principal: Principal, ep: Episode
 ) -> rewards.RewardRecord | None:
@@ -627,7 +650,7 @@ def _finish(
     ctx: ServiceContext, principal: Principal, ep: Episode, snapshot_id: str | None
 ) -> None:
     with contextlib.suppress(Conflict, NotFound):  # already gone (expired, or released)
-        sandboxes.release(ctx, principal, ep.sandbox_id)
+        sandboxes.release(ctx, principal, ep.sandbox_id, verified=True)
     if snapshot_id and not ctx.settings.keep_episode_snapshots:
         sandboxes.delete_snapshot(ctx, principal, snapshot_id)
 

@@ -545,6 +545,9 @@ def put(
                 posixpath.basename(resolved), data, uid=tpl.uid, gid=tpl.gid, parents=missing
             )
             target = resolved
+        # Checked again at the write: reading and sanitizing a large upload takes long
+        # enough for a verification to take the sandbox meanwhile (a fourth trial).
+        get_live(ctx, principal, sandbox_id)
         ctx.runtime.put_archive(row.container_id, dest, tar)
     except (InvalidRequest, Conflict) as e:
         if not is_tar and e.field and e.field.startswith("tar:"):

@@ -244,7 +244,7 @@ class PoolManager:
                 lv["warm"] += n
             elif state == "starting" and unowned:
                 lv["starting"] += n
-            elif state in ("leased", "snapshotting", "starting"):
+            elif state in ("leased", "snapshotting", "verifying", "starting"):
                 lv["leased"] += n
         return out
 
@@ -620,7 +620,7 @@ class PoolManager:
                     self.mark_failed(sid, f"could not thaw after a restart: {e}")
                     counts["failed"] += 1
                     continue
-            if row.state == "snapshotting":
+            if row.state in ("snapshotting", "verifying"):  # recovery re-runs the episode
                 with self.db.session() as s:
                     s.execute(
                         update(Sandbox)

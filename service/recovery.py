@@ -45,11 +45,13 @@ def _system(tenant_id: str) -> Principal:
     return Principal(tenant_id, "system", frozenset({"admin"}))
 
 
-def _release(ctx: ServiceContext, tenant_id: str | None, sandbox_id: str) -> None:
+def _release(
+    ctx: ServiceContext, tenant_id: str | None, sandbox_id: str, *, verified: bool = False
+) -> None:
     if tenant_id is None:
         return
     with contextlib.suppress(Conflict, NotFound):  # ended already, or mid-snapshot (next tick)
-        sandboxes.release(ctx, _system(tenant_id), sandbox_id)
+        sandboxes.release(ctx, _system(tenant_id), sandbox_id, verified=verified)
 
 
 def reclaim(ctx: ServiceContext) -> dict[str, int]:
@@ -156,6 +158,9 @@ def _verifying_to_running(ctx: ServiceContext) -> int:
                 .values(state="running")
                 .execution_options(synchronize_session=False)
             )
+            sandboxes.hand_back(
+                s, s.execute(select(Episode.sandbox_id).where(Episode.id.in_(ids))).scalars()
+            )
             audit.record(s, "episode.recover", details={"episodes": list(ids)})
     return len(ids)
 
@@ -175,16 +180,21 @@ def _release_orphan_sandboxes(ctx: ServiceContext) -> int:
                 .outerjoin(Episode, Episode.sandbox_id == Sandbox.id)
                 .where(
                     Sandbox.deployment == ctx.settings.deployment,
-                    Sandbox.state.in_(("leased", "snapshotting")),
+                    Sandbox.state.in_(("leased", "snapshotting", "verifying")),
                     or_(Episode.id.is_(None), Episode.state.in_(final)),
                 )
             )
             .scalars()
             .all()
         )
-    orphans = [r for r in rows if (r.metadata_ or {}).get("episode_role") in ("prepare", "member")]
+    orphans = [
+        r
+        for r in rows
+        if (r.metadata_ or {}).get("episode_role") in ("prepare", "member")
+        or r.state == "verifying"  # its verdict is stored: the release was what was left
+    ]
     for row in orphans:
-        _release(ctx, row.tenant_id, row.id)
+        _release(ctx, row.tenant_id, row.id, verified=True)
     return len(orphans)
 
 
@@ -307,9 +317,9 @@ class DeadReplicaWork:
                 Episode.sandbox_id == Sandbox.id, Episode.state.not_in(FINAL_EPISODE_STATES)
             )
             left = s.execute(
-                select(Sandbox.id, Sandbox.metadata_, Sandbox.container_id).where(
+                select(Sandbox.id, Sandbox.metadata_, Sandbox.container_id, Sandbox.state).where(
                     Sandbox.deployment == self.ctx.settings.deployment,
-                    Sandbox.state == "leased",
+                    Sandbox.state.in_(("leased", "verifying")),
                     ~owned,
                 )
             ).all()
@@ -324,8 +334,11 @@ class DeadReplicaWork:
         untracked.update(
             {
                 f"or:{sid}": (meta or {}).get("episode_role", "")
-                for sid, meta, cid in left
-                if (meta or {}).get("episode_role") in ("prepare", "member")
+                for sid, meta, cid, state in left
+                if (
+                    (meta or {}).get("episode_role") in ("prepare", "member")
+                    or state == "verifying"
+                )
                 and f"sb:{sid}" not in busy
                 and not (cid and f"c:{cid}" in busy)
             }
@@ -389,9 +402,10 @@ class DeadReplicaWork:
             return 1
         with self.ctx.db.read() as s:
             row = s.get(Sandbox, sandbox_id)
-        if row is None or row.state != "leased":
+        if row is None or row.state not in ("leased", "verifying"):
             return 0
-        _release(self.ctx, row.tenant_id, sandbox_id)
+        # a verifying one's verdict is stored (no live episode owns it): only its release
+        _release(self.ctx, row.tenant_id, sandbox_id, verified=row.state == "verifying")
         return 1
 
     def _reverify(self, episode_id: str, container_id: str) -> int:
@@ -407,6 +421,10 @@ class DeadReplicaWork:
                 .execution_options(synchronize_session=False)
             ).rowcount
             if got:
+                sandboxes.hand_back(
+                    s,
+                    s.execute(select(Episode.sandbox_id).where(Episode.id == episode_id)).scalars(),
+                )
                 audit.record(
                     s,
                     "episode.recover",

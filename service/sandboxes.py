@@ -11,13 +11,13 @@ import contextlib
 import functools
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -93,6 +93,48 @@ def get_live(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sand
     if not row.container_id:
         raise Conflict(f"sandbox {sandbox_id} has no container yet")
     return row
+
+
+def take_for_verification(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
+    """Take the tenant's leased sandbox for the verification of its episode: ``leased`` to
+    ``verifying`` in one statement. Every tenant call on it (exec, files, processes,
+    sessions, snapshots, forks, limits, heartbeat, release) is then refused as for any
+    sandbox not ``leased``, until the verdict releases it (a trial wrote into the frozen end
+    state through the files API between the verifier's diff and its read of the changes,
+    which turned its 0 into an error). The lease no longer runs out under the verifier.
+
+    Raises:
+        NotFound: not the tenant's. Conflict: not leased, the lease expired, no container.
+    """
+    row = get_live(ctx, principal, sandbox_id)
+    now = utcnow()
+    with ctx.db.session() as s:
+        got = s.execute(
+            update(Sandbox)
+            .where(
+                Sandbox.id == sandbox_id,
+                Sandbox.state == "leased",
+                or_(Sandbox.expires_at.is_(None), Sandbox.expires_at > now),
+            )
+            .values(state="verifying")
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not got:
+            raise Conflict(f"sandbox {sandbox_id} is no longer leased")
+        return s.get(Sandbox, sandbox_id, populate_existing=True) or row
+
+
+def hand_back(s: Session, sandbox_ids: Iterable[str]) -> None:
+    """``verifying`` sandboxes back to ``leased`` in ``s``'s transaction (their episodes run
+    again: a refused trajectory, a verification a crash cut off)."""
+    ids = list(sandbox_ids)
+    if ids:
+        s.execute(
+            update(Sandbox)
+            .where(Sandbox.id.in_(ids), Sandbox.state == "verifying")
+            .values(state="leased")
+            .execution_options(synchronize_session=False)
+        )
 
 
 def live_view(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> LeaseView:
@@ -418,15 +460,23 @@ def heartbeat(
         return s.get(Sandbox, sandbox_id, populate_existing=True)
 
 
-def release(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
-    """End the lease and destroy the sandbox (in the background). Idempotent on ended ones."""
+def release(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, *, verified: bool = False
+) -> Sandbox:
+    """End the lease and destroy the sandbox (in the background). Idempotent on ended ones.
+    ``verified``: the verdict's release, which alone may end a ``verifying`` sandbox.
+
+    Raises:
+        NotFound: not the tenant's. Conflict: the sandbox is snapshotting or verifying.
+    """
     row = get_owned(ctx, principal, sandbox_id)
+    states = ("leased", "starting", "verifying") if verified else ("leased", "starting")
     if row.state in ("released", "expired", "failed"):
         return row
     with ctx.db.session() as s:
         ok = s.execute(
             update(Sandbox)
-            .where(Sandbox.id == sandbox_id, Sandbox.state.in_(("leased", "starting")))
+            .where(Sandbox.id == sandbox_id, Sandbox.state.in_(states))
             .values(state="released", ended_at=utcnow())
             .execution_options(synchronize_session=False)
         ).rowcount
@@ -677,17 +727,25 @@ def exec_stream(
 # -- snapshots and forks ----------------------------------------------------------------
 
 
-def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snapshot:
+def snapshot(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, *, verified: bool = False
+) -> Snapshot:
     """Freeze the sandbox's filesystem (pause, commit, unpause) into a snapshot.
 
     The snapshot counts against the tenant's snapshot quota (one, and the bytes of the
     writable layer committed, measured first) and expires ``snapshot_ttl_s`` after it is
-    made. Nothing is committed when the quota refuses.
+    made. Nothing is committed when the quota refuses. ``verified``: the verifier's own
+    snapshot of an end state it holds (``verifying``), which stays ``verifying``.
 
     Raises:
         Conflict: not leased, or busy. QuotaExceeded, QuotaNeverFits: the snapshot quota.
         SandboxError: the engine failed (the reservation is given back).
     """
+    if verified:
+        row = get_owned(ctx, principal, sandbox_id)
+        if row.state != "verifying" or not row.container_id:
+            raise Conflict(f"sandbox {sandbox_id} is {row.state}, not verifying")
+        return _commit(ctx, principal, row, moves=False)
     row = get_live(ctx, principal, sandbox_id)
     with ctx.db.session() as s:
         ok = s.execute(
@@ -698,6 +756,13 @@ def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snap
         ).rowcount
     if not ok:
         raise Conflict(f"sandbox {sandbox_id} is busy or no longer leased")
+    return _commit(ctx, principal, row, moves=True)
+
+
+def _commit(ctx: ServiceContext, principal: Principal, row: Sandbox, *, moves: bool) -> Snapshot:
+    """``snapshot``'s commit of ``row``; ``moves``: put the row back from ``snapshotting``
+    to ``leased`` afterwards."""
+    sandbox_id = row.id
     snap_id = new_id("snap")
     repo = f"{ctx.settings.image_prefix}-snapshots/{ctx.settings.deployment}".lower()
     t0 = time.perf_counter()
@@ -719,13 +784,14 @@ def snapshot(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Snap
                 tenants.release_snapshot(s, row.tenant_id, reserved)
         raise
     finally:
-        with ctx.db.session() as s:
-            s.execute(
-                update(Sandbox)
-                .where(Sandbox.id == sandbox_id, Sandbox.state == "snapshotting")
-                .values(state="leased")
-                .execution_options(synchronize_session=False)
-            )
+        if moves:
+            with ctx.db.session() as s:
+                s.execute(
+                    update(Sandbox)
+                    .where(Sandbox.id == sandbox_id, Sandbox.state == "snapshotting")
+                    .values(state="leased")
+                    .execution_options(synchronize_session=False)
+                )
     with ctx.db.session() as s:
         snap = Snapshot(
             id=snap_id,

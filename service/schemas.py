@@ -51,7 +51,9 @@ class SandboxOut(_Model):
 
     id: str
     template: str
-    state: Literal["starting", "warm", "leased", "snapshotting", "released", "expired", "failed"]
+    state: Literal[
+        "starting", "warm", "leased", "snapshotting", "verifying", "released", "expired", "failed"
+    ]
     image: str
     cpus: float
     memory_mb: int

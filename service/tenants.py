@@ -23,7 +23,7 @@ from service import audit
 from service.db.models import ApiKey, Sandbox, Snapshot, Tenant, utcnow
 from service.errors import AuthError, InvalidRequest, QuotaExceeded, QuotaNeverFits
 
-LIVE_STATES = ("starting", "leased", "snapshotting")
+LIVE_STATES = ("starting", "leased", "snapshotting", "verifying")
 """States in which a sandbox counts against its tenant's quota."""
 
 

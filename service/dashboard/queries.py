@@ -48,7 +48,7 @@ def _scoped(stmt: Any, column: Any, tenant: str | None) -> Any:
 
 
 def live_sandboxes(db: Database, *, tenant: str | None, limit: int = 100) -> list[Sandbox]:
-    """Leased, starting and snapshotting sandboxes that belong to a tenant, newest first."""
+    """Live sandboxes (starting, leased, snapshotting, verifying) of tenants, newest first."""
     stmt = select(Sandbox).where(Sandbox.state.in_(LIVE_STATES), Sandbox.tenant_id.is_not(None))
     stmt = _scoped(stmt, Sandbox.tenant_id, tenant)
     with db.read() as s:

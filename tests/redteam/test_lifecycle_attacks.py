@@ -8,7 +8,11 @@ and a job's groups hold only their own samples:
 - a full snapshot quota with ``keep_episode_snapshots``: every verify an error; now the
   record is kept without its snapshot;
 - an ad-hoc episode naming another job's group joined its records and moved its
-  advantages: ``job_id`` and ``group_id`` come only with a claimed work item.
+  advantages: ``job_id`` and ``group_id`` come only with a claimed work item;
+- (a fourth trial) writing into the end state through the files API while it was verified
+  made the verifier's read fail: the sandbox is the verifier's (``verifying``) and every
+  tenant call on it is refused; a job's records were named after any policy the verify
+  call sent: they carry the job's.
 """
 
 from __future__ import annotations
@@ -60,6 +64,56 @@ def test_the_end_state_cannot_be_taken_away_while_it_is_verified(stack: Stack) -
     v = got["rec"]["verifier"]
     assert (got["rec"]["reward"], v["status"]) == (0.0, "ok"), v
     assert v["details"].get("dodge") is None, v["details"]  # the tests ran and failed
+
+
+def test_no_tenant_call_reaches_a_sandbox_while_it_is_verified(stack: Stack) -> None:
+    # A fourth trial wrote into the frozen end state through the files API between the
+    # verifier's diff and its read of the changes (the engine extracts into a paused
+    # container): the read failed and the 0 became an error. The sandbox is the verifier's
+    # now (``verifying``), so every call that could change it is refused, whichever it is.
+    ep = start(stack, TASK, "terminal")
+    sid = ep["sandbox_id"]
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(rec=verify(stack, ep)))
+    t.start()
+    try:
+
+        def taken() -> bool:
+            with stack.ctx.db.read() as s:
+                return s.execute(select(Sandbox.state).where(Sandbox.id == sid)).scalar() == (
+                    "verifying"
+                )
+
+        stack.wait_for(taken, timeout_s=60)
+        a, base = stack.alice, f"/v1/sandboxes/{sid}"
+        octet = {"content-type": "application/octet-stream"}
+        calls = {
+            "put file": a.put(
+                f"{base}/files", params={"path": "/app/x"}, content=b"x", headers=octet
+            ),
+            "put tar": a.put(
+                f"{base}/files",
+                params={"path": "/"},
+                content=b"\0" * 1024,
+                headers={"content-type": "application/x-tar"},
+            ),
+            "exec": a.post(f"{base}/exec", json={"cmd": ["true"]}),
+            "process": a.post(f"{base}/processes", json={"cmd": ["sleep", "9"]}),
+            "session": a.post(f"{base}/sessions", json={}),
+            "snapshot": a.post(f"{base}/snapshots"),
+            "heartbeat": a.post(f"{base}/heartbeat", json={}),
+            "release": a.delete(base),
+        }
+        state = a.get(base).json()["state"]
+    finally:
+        t.join(timeout=300)
+    assert {k: r.status_code for k, r in calls.items()} == dict.fromkeys(calls, 409), {
+        k: r.text for k, r in calls.items()
+    }
+    assert state == "verifying"
+    v = got["rec"]["verifier"]
+    assert (got["rec"]["reward"], v["status"]) == (0.0, "ok"), v
+    assert a.get(base).json()["state"] == "released"
 
 
 def test_a_snapshot_in_flight_is_waited_out(stack: Stack) -> None:
@@ -140,6 +194,38 @@ def test_a_work_item_runs_only_its_own_task(stack: Stack) -> None:
     assert {e["job_id"] for e in r.json()["episodes"]} == {job["id"]}  # the item's job
     for e in r.json()["episodes"]:
         stack.alice.delete(f"/v1/sandboxes/{e['sandbox_id']}")
+    assert stack.alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+
+
+def test_a_jobs_records_carry_the_jobs_policy(stack: Stack) -> None:
+    """Trial finding: a job's records were named after whatever policy the verify call
+    sent (another policy's name in the job's export)."""
+    from policy_client.client import Client
+
+    job = stack.alice.post(
+        "/v1/jobs",
+        json={
+            "suite": "terminal",
+            "task_ids": [TASK],
+            "group_size": 1,
+            "policy": {"name": "policy-a", "version": "7"},
+        },
+    ).json()
+    key = stack.alice.headers["authorization"].split(" ", 1)[1]
+    with Client(stack.url, key) as client:
+        item = client.claim(job["id"], worker="w", lease_s=300)
+    assert item is not None
+    r = stack.alice.post(
+        "/v1/episodes", json={"task_id": TASK, "suite": "terminal", "work_item_id": item.id}
+    )
+    assert r.status_code == 201, r.text
+    ep = r.json()["episodes"][0]
+    r = stack.alice.post(
+        f"/v1/episodes/{ep['id']}/verify",
+        json={"policy": {"name": "policy-b", "version": "8+prompt1"}},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["policy"] == {"name": "policy-a", "version": "8+prompt1"}
     assert stack.alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
 
 
