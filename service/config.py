@@ -165,6 +165,12 @@ class Settings(BaseSettings):
     keep_episode_snapshots: bool = Field(
         False, description="Keep each episode's final snapshot image after verification."
     )
+    read_host_layers: bool = Field(
+        True,
+        description="Read a sandbox's overlay2 layers on this host when it can (fast diffs); "
+        "false reads every end state through the engine's API, as a control plane without "
+        "the engine's storage (the compose stack) does.",
+    )
 
     bootstrap_admin_key: str | None = Field(
         None, description="If set, an admin key with this secret exists at start-up."

@@ -87,6 +87,7 @@ from service.runtime.protocol import (
     supervisor_args,
     with_identity,
 )
+from service.text import find_unencodable
 
 SUPERVISOR_DIR = Path(__file__).resolve().parent / "supervisor"
 SUPERVISOR_SOURCES = (
@@ -414,13 +415,18 @@ class DockerRuntime:
 
     @classmethod
     def from_settings(cls, settings: Any) -> DockerRuntime:
-        """Build from ``service.config.Settings`` (``docker_host``, ``base_image``,
-        ``image_prefix``: the supervisor builds in the base image, else
+        """Build from ``service.config.Settings`` (``docker_host``, ``read_host_layers``,
+        ``base_image``, ``image_prefix``: the supervisor builds in the base image, else
         ``<prefix>/base:latest``, else ``DEFAULT_BUILDER_BASES``)."""
         base = settings.base_image or f"{settings.image_prefix}/base:latest"
         local = not settings.docker_host or settings.docker_host.startswith("unix://")
         channels = settings.data_dir / "channels" if settings.exec_channel and local else None
-        return cls(docker_host=settings.docker_host, builder_base_image=base, channel_dir=channels)
+        return cls(
+            docker_host=settings.docker_host,
+            builder_base_image=base,
+            channel_dir=channels,
+            read_host_layers=settings.read_host_layers,
+        )
 
     @property
     def supervisor_volume(self) -> str:
@@ -1311,6 +1317,10 @@ class DockerRuntime:
     def _map_path_error(e: Exception, container_id: str, path: str) -> CrucibleError:
         if isinstance(e, docker.errors.NotFound) and "no such container" not in _explain(e).lower():
             return NotFound(f"{path}: no such file or directory in the sandbox", field="path")
+        if isinstance(e, docker.errors.APIError) and "not a directory" in _explain(e).lower():
+            # a parent of the path is a file: the path is not there (the engine's 500 named
+            # the host's storage path: a fourth trial)
+            return NotFound(f"{path}: a parent is not a directory in the sandbox", field="path")
         if isinstance(e, docker.errors.APIError) and "too many links" in _explain(e).lower():
             # A symlink loop the sandbox's own agent made (a fuzzing trial: a 502 whose
             # detail showed the host's storage path): the client's, like an upload's.
@@ -1558,7 +1568,17 @@ class DockerRuntime:
         parent = posixpath.dirname(posixpath.normpath(path)).strip("/")
         spool = tempfile.SpooledTemporaryFile(max_size=16 << 20)  # noqa: SIM115 - closed below
         with spool:
-            for chunk in self.get_archive(container_id, path):
+            # The diff of this frozen container listed the path, and nothing writes it now
+            # but the end state's own (suspended) processes: what keeps the engine from
+            # reading it back is the end state's doing (a fourth trial: a name that is not
+            # UTF-8, a symlink loop, a path gone or under a file).
+            if find_unencodable(path) is not None:
+                raise EndStateUnreadable(f"{path!r}: a name the engine's API cannot carry")
+            try:
+                chunks = self.get_archive(container_id, path)
+            except (NotFound, InvalidRequest) as e:
+                raise EndStateUnreadable(f"{e.detail} (listed in its changes)") from e
+            for chunk in chunks:
                 spool.write(chunk)
                 if max_bytes is not None and spool.tell() > max_bytes + (1 << 20):
                     raise PayloadTooLarge(f"{path} holds more than {max_bytes} bytes")
@@ -1658,7 +1678,9 @@ def _read_errors_mapped(
     try:
         yield from members
     except overlay.UnreadablePath as e:
-        raise SandboxError(f"{what}: {e} changed while it was read") from e
+        # Read only from frozen containers: nothing but the end state (its suspended
+        # processes, a write accepted before the verifier took it) changed it.
+        raise EndStateUnreadable(f"{what}: {e} changed while it was read") from e
     except OSError as e:
         raise _read_error(e, what) from e
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tarfile
 import tempfile
 import time
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
+from service.errors import Conflict, CrucibleError, InvalidRequest, PayloadTooLarge, SandboxError
 from service.runtime.base import ROOT, EndStateUnreadable, ExecRequest, SandboxRuntime
 from service.tasks.builds import classify
 from service.tasks.models import Task
@@ -427,7 +428,7 @@ def _replay(
             into,
             ExecRequest(
                 cmd=["xargs", "-0", "-r", "rm", "-rf", "--"],
-                stdin=b"\0".join(p.encode() for p in plan.delete) + b"\0",
+                stdin=b"\0".join(os.fsencode(p) for p in plan.delete) + b"\0",
                 timeout_s=60,
                 user=ROOT,
                 max_output_bytes=8 << 10,
@@ -449,7 +450,15 @@ def _replay(
             # /logs/verifier go in last.
             add_tests(t, check.tests_dir, check.extra_files, site_dirs, private_files)
         buf.seek(0)
-        runtime.put_archive(into, "/", buf)
+        try:
+            runtime.put_archive(into, "/", buf)
+        except (Conflict, InvalidRequest) as e:
+            # The archive holds the end state's entries, and the pristine filesystem refuses
+            # them (a directory where the image has a file, which the engine's own diff in
+            # a deployment without the host's layers cannot mark): the end state's doing.
+            raise EndStateUnreadable(
+                f"the end state cannot be replayed onto the task image: {e.detail}"
+            ) from e
 
 
 def check_for(task: Task) -> TerminalCheck:

@@ -48,3 +48,22 @@ def test_overlay_diff_matches_engine_diff(
         ),
     ]:
         assert expected in fast
+
+
+def test_a_listed_change_the_end_state_no_longer_has_is_unreadable_not_an_engine_error(
+    docker_runtime: Any, make_sandbox: Callable[..., str]
+) -> None:
+    # A fourth trial replaced /workspace with a file between the verifier's diff and its
+    # read of the changes: the engine's 500 ("not a directory", naming the host's storage
+    # path) made the verdict an error. A change that is not there is the end state's.
+    from service.errors import NotFound
+    from service.runtime.base import EndStateUnreadable
+
+    cid = make_sandbox()
+    assert docker_runtime.exec(cid, ExecRequest(cmd="echo x > /workspace/f")).exit_code == 0
+    for path in ("/workspace/f/below", "/workspace/missing"):
+        with pytest.raises(NotFound) as e:
+            list(docker_runtime.get_archive(cid, path))
+        assert "overlay2" not in e.value.detail and "/var/lib" not in e.value.detail
+        with pytest.raises(EndStateUnreadable):
+            list(docker_runtime._engine_entries(cid, path, None))

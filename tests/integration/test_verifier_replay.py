@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from service.errors import Conflict, CrucibleError
-from service.runtime.base import ExecRequest
+from service.runtime.base import EndStateUnreadable, ExecRequest
 from service.runtime.docker import FREEZE_ATTEMPTS, DockerRuntime
 from service.verifiers.isolation import plan_changes
 from service.verifiers.terminal import TerminalCheck, _replay
@@ -83,8 +83,9 @@ def test_replay_reproduces_the_end_state(
     check = TerminalCheck(test_command="true", tests_dir=None, workdir="/app", timeout_s=60)
     if not host_layers:
         # The engine's diff cannot mark type changes: the archive then meets a directory
-        # where a file must go, and the engine refuses (an error record, never a score).
-        with pytest.raises(CrucibleError, match="directory"):
+        # where a file must go, and the engine refuses. The end state made it so: it is
+        # unreadable (a 0), not Crucible's failure (a fourth trial's error record).
+        with pytest.raises(EndStateUnreadable, match="directory"):
             _replay(runtime, plan, check, source=episode, into=fresh)
         return
     _replay(runtime, plan, check, source=episode, into=fresh)

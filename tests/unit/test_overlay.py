@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,17 @@ def test_a_tree_too_deep_for_the_host_is_the_end_states_outcome(tmp_path: Path) 
         list(members)
     assert isinstance(_read_error(OSError(errno.EIO, "I/O error"), "x"), SandboxError)
     assert not isinstance(_read_error(OSError(errno.EIO, "I/O error"), "x"), EndStateUnreadable)
+
+
+def test_a_path_that_changes_while_a_frozen_end_state_is_read_is_the_end_states() -> None:
+    # A fourth trial: a write accepted before the verifier took the sandbox landed while
+    # its changes were read (an ancestor became a file): an error record before, a 0 now.
+    from service.runtime.base import EndStateUnreadable
+    from service.runtime.docker import _read_errors_mapped
+
+    def members() -> Iterator[tuple[tarfile.TarInfo, None]]:
+        yield from ()
+        raise overlay.UnreadablePath("/var/tmp/y")
+
+    with pytest.raises(EndStateUnreadable, match="changed while it was read"):
+        list(_read_errors_mapped(members(), "reading the changes of container c"))
