@@ -43,7 +43,11 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
    bbox         refine max abs bound difference (mm)         <= 0.1       >= 1.0
    ============ ====== ===================================== ============ ============
 
-   ``core = (iou + surface) / 2``: the two measures that see the actual shape in place.
+   ``core = min(iou, surface)``: the two measures that see the actual shape in place, and
+   both must hold. (Their mean paid a part with every feature misplaced: the envelope the
+   instruction states keeps most of the IoU, and a trial's plate with its four holes
+   elsewhere scored 0.23; its surface deviation, the distance from where its holes are to
+   where they belong, is 0, and so is its core now.)
    ``refine`` = the mean of the others, which a wrong shape can satisfy: the bounding box
    is stated in the instruction, the Chamfer distance ignores placement and scale, volume
    and silhouettes ignore where material is. ``reward = core * (0.6 + 0.4 * refine)``:
@@ -104,7 +108,7 @@ from service.verifiers.registry import EndState, register
 NAME = "cad"
 VERSION = "2"
 
-#: The measures that see the actual shape in place (their mean is ``core``).
+#: The measures that see the actual shape in place (their minimum is ``core``).
 CORE = ("iou", "surface")
 #: The measures a wrong shape can satisfy (their mean is ``refine``; module docstring).
 REFINE = ("chamfer", "silhouette", "volume", "bbox")
@@ -568,7 +572,7 @@ def score(
         scores["silhouette"] = geometry.ramp_up(
             silhouette, full=s.silhouette_full, zero=s.silhouette_zero
         )
-    core = sum(scores[k] for k in CORE) / len(CORE)
+    core = min(scores[k] for k in CORE)
     refined = [scores[k] for k in REFINE if k in scores]
     refine = sum(refined) / len(refined)
     reward = core * (CORE_SHARE + (1 - CORE_SHARE) * refine)

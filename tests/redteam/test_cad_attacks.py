@@ -93,6 +93,37 @@ def test_the_part_without_a_feature_earns_nothing(stack: Stack) -> None:
     assert "genus 3" in rec["verifier"]["details"]["gate"]
 
 
+@pytest.mark.parametrize(
+    "holes",
+    [
+        [(25, 25), (40, 25), (55, 25), (40, 12)],  # a fourth trial: 0.23 before
+        [(12, 12), (72, 12), (12, 42), (72, 42)],  # each 2 mm off in x and in y
+    ],
+    ids=["elsewhere", "two-mm-off"],
+)
+def test_the_part_with_its_features_misplaced_earns_nothing(
+    stack: Stack, holes: list[tuple[int, int]]
+) -> None:
+    # The stated envelope with the right hole count passes the gates and keeps most of the
+    # IoU; the features are what the task asks for.
+    plate = manifold3d.Manifold.cube([80, 50, 6])
+    for x, y in holes:
+        plate -= manifold3d.Manifold.cylinder(20, 3, 3, 64).translate([x, y, -5])
+    m = plate.to_mesh()
+    ep = start(stack)
+    upload(
+        stack,
+        ep,
+        trimesh.Trimesh(vertices=m.vert_properties[:, :3], faces=m.tri_verts).export(
+            file_type="stl"
+        ),
+    )
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward_components"]["topology"] == 1.0  # it passed the gates
+    assert rec["reward_components"]["core"] == 0.0, rec["reward_components"]
+
+
 def binary_stl(triangles: np.ndarray, *, declared: int | None = None) -> bytes:
     n = len(triangles) if declared is None else declared
     rows = np.zeros(len(triangles), dtype=[("n", "<f4", 3), ("v", "<f4", (3, 3)), ("a", "<u2")])

@@ -78,10 +78,13 @@ def test_weights_sum_to_one() -> None:
     assert sum(cad.WEIGHTS.values()) == pytest.approx(1.0, abs=1e-12)
 
 
-def test_core_terms_multiply_and_refine_terms_add() -> None:
-    # reward = core * (0.6 + 0.4 * refine); core = mean(iou, surface)
+def test_core_terms_must_both_hold_and_refine_terms_add() -> None:
+    # reward = core * (0.6 + 0.4 * refine); core = min(iou, surface): the surface right
+    # and the volume wrong (or the reverse: a trial's plate with its holes misplaced) is 0
     reward, comps = cad.score(measures(iou=0.5), 1.0, SETTINGS)
-    assert comps["iou"] == 0.0 and comps["core"] == 0.5 and reward == pytest.approx(0.5)
+    assert comps["iou"] == 0.0 and comps["core"] == 0.0 and reward == 0.0
+    reward, comps = cad.score(measures(iou=0.95, surface_deviation_mm=5.0), 1.0, SETTINGS)
+    assert comps["iou"] > 0.5 and comps["core"] == 0.0 and reward == 0.0
     reward, _ = cad.score(measures(iou=0.5, surface_deviation_mm=3.0), 1.0, SETTINGS)
     assert reward == 0.0  # every refine term right, the shape wrong: nothing
     for name, m in {
@@ -97,12 +100,12 @@ def test_core_terms_multiply_and_refine_terms_add() -> None:
 
 
 def test_partial_scores_are_linear_between_bounds() -> None:
-    # IoU halfway between zero (0.90) and full (0.99) credit: core 0.75.
+    # IoU halfway between zero (0.90) and full (0.99) credit: core 0.5.
     reward, comps = cad.score(measures(iou=0.945), 1.0, SETTINGS)
-    assert comps["iou"] == pytest.approx(0.5) and reward == pytest.approx(0.75)
+    assert comps["iou"] == pytest.approx(0.5) and reward == pytest.approx(0.5)
     # A surface deviation of 0.55 mm: halfway between 0.1 and 1.0 mm.
     reward, comps = cad.score(measures(surface_deviation_mm=0.55), 1.0, SETTINGS)
-    assert comps["surface"] == pytest.approx(0.5) and reward == pytest.approx(0.75)
+    assert comps["surface"] == pytest.approx(0.5) and reward == pytest.approx(0.5)
 
 
 def test_render_off_leaves_the_silhouette_out_of_refine() -> None:
