@@ -43,19 +43,40 @@ def find_unencodable(value: Any, path: str = "") -> str | None:
     return None
 
 
+MAX_ITEMS = 200
+"""Most items of one list that ``recordable`` keeps (then a ``"... N more"`` item)."""
+MAX_KEYS = 2000
+"""Most keys of one mapping that ``recordable`` keeps (then a ``"..."`` key)."""
+MAX_CHARS = 16384
+"""Most characters of one string that ``recordable`` keeps."""
+
+
 def recordable(value: Any) -> Any:
-    """A copy of the JSON-like ``value`` that any record can hold: every string and key
-    with lone surrogates written as ``\\udXXX`` escapes, non-finite floats as the strings
-    ``"inf"``, ``"-inf"`` and ``"nan"``, tuples as lists. For text that came from an end
-    state into a verdict (an answer's keys, a file name), which the agent chooses."""
+    """A copy of the JSON-like ``value`` that any record can hold, and of bounded size:
+    every string and key with lone surrogates written as ``\\udXXX`` escapes and cut at
+    ``MAX_CHARS``, non-finite floats as the strings ``"inf"``, ``"-inf"`` and ``"nan"``,
+    tuples as lists, lists cut at ``MAX_ITEMS`` and mappings at ``MAX_KEYS`` (saying how
+    many more there were). For what came from an end state into a verdict (an answer's
+    keys, file names: a trial's 50,000 tampered paths made one record 83 MB), which the
+    agent chooses."""
     if isinstance(value, str):
-        return _safe(value) if _bad(value) else value
+        value = _safe(value) if _bad(value) else value
+        return value if len(value) <= MAX_CHARS else value[:MAX_CHARS] + "..."
     if isinstance(value, bool) or value is None or isinstance(value, int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, dict):
-        return {recordable(str(k)): recordable(v) for k, v in value.items()}
+        out = {
+            recordable(str(k)): recordable(v)
+            for _, (k, v) in zip(range(MAX_KEYS), value.items(), strict=False)
+        }
+        if len(value) > MAX_KEYS:
+            out["..."] = f"{len(value) - MAX_KEYS} more"
+        return out
     if isinstance(value, list | tuple):
-        return [recordable(v) for v in value]
+        items = [recordable(v) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            items.append(f"... {len(value) - MAX_ITEMS} more")
+        return items
     return recordable(str(value))

@@ -63,9 +63,10 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
 
 What tenants see (``details``): the output path and format, the gate that failed and why
 (in terms of the agent's own part: its triangle count, its components and genus, never the
-reference's), ``passed``, timings; ``components`` holds the scores (``gate``,
-``topology``, ``volume_gate`` as 1/0, ``core``, ``iou``, ``surface``, ``chamfer``,
-``silhouette``, ``volume``, ``bbox``). Raw measures, reference volume, bounding box and
+reference's), ``passed``, timings; ``components`` holds the gates (``gate``,
+``topology``, ``volume_gate`` as 1/0). The scores (``core``, ``iou``, ``surface``,
+``chamfer``, ``silhouette``, ``volume``, ``bbox``: each inverts to a measure of the
+reference given the agent's own part), raw measures, reference volume, bounding box and
 topology are in ``details["private"]`` (admins only; ``service.rewards.redact``).
 
 Dodges: an output that is a directory, a FIFO or another special file, a link loop,
@@ -115,7 +116,10 @@ REFINE = ("chamfer", "silhouette", "volume", "bbox")
 #: Share of the reward that ``core`` alone earns: ``core * (CORE_SHARE + (1 - CORE_SHARE)
 #: * refine)``.
 CORE_SHARE = 0.6
-#: Every scored measure (the ``components`` an exact reproduction has at 1.0).
+#: The components a record shows its tenant: the gates, each 1 or 0 (the measures' scores
+#: go to ``details["private"]["scores"]``).
+PUBLIC = ("gate", "topology", "volume_gate")
+#: Every scored measure (the scores an exact reproduction has at 1.0).
 WEIGHTS: dict[str, float] = {
     **{k: CORE_SHARE / len(CORE) for k in CORE},
     **{k: (1 - CORE_SHARE) / len(REFINE) for k in REFINE},
@@ -524,16 +528,24 @@ def measure(
 ) -> Measures:
     """Every geometric measure of a gated ``result`` against ``reference``.
 
-    The surface deviation is skipped when the bounding boxes already differ by
+    The surface deviation is measured on the solid's boundary with a seed from its content
+    (``geometry.surface_deviation``), and skipped when the bounding boxes already differ by
     ``surface_zero_mm`` or more (it cannot be smaller, and far-off meshes make the
     point-to-surface queries needlessly expensive).
     """
     v, v_ref = geometry.volume(result), geometry.volume(reference)
     bbox_dev = geometry.bbox_deviation(result, reference)
     skipped = bbox_dev >= surface_zero_mm
+    if skipped:
+        deviation = bbox_dev
+    else:  # on the solid's own surface, sampled as only its content says (geometry)
+        outer = geometry.boundary(result)
+        deviation = geometry.surface_deviation(
+            outer, reference, a_seed=geometry.content_seed(outer)
+        )
     return Measures(
         iou=geometry.volumetric_iou(result, reference),
-        surface_deviation_mm=bbox_dev if skipped else geometry.surface_deviation(result, reference),
+        surface_deviation_mm=deviation,
         chamfer=geometry.chamfer_distance(result, reference),
         volume=v,
         reference_volume=v_ref,
@@ -872,6 +884,11 @@ def verify(
             silhouettes, clock.marks["render"] = render.result()
         worst = min(silhouettes.values()) if silhouettes else None
         reward, components = score(measures, worst, settings)
+        # The scores invert to the reference's geometry (a fourth trial read the
+        # reference's volume to every digit off the public volume score and its own part's
+        # volume): tenants see the gates, the reward and the reasons; admins the scores.
+        private["scores"] = {k: v for k, v in components.items() if k not in PUBLIC}
+        components = {k: v for k, v in components.items() if k in PUBLIC}
         private["measures"] = {
             **asdict(measures),
             "chamfer_x1e3": measures.chamfer * 1e3,

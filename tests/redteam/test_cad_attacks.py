@@ -46,7 +46,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     shutil.copytree(TASKS / PLATE, slow)
     toml = (slow / "task.toml").read_text()
     (slow / "task.toml").write_text(toml + "render = false\nmeasure_timeout_s = 1.0\n")
-    yield from start_stack(tmp_path_factory.mktemp("redteam-cad"), pool_targets={}, tasks_dir=tasks)
+    yield from start_stack(
+        tmp_path_factory.mktemp("redteam-cad"),
+        pool_targets={},
+        tasks_dir=tasks,
+        max_upload_bytes=16 << 20,  # the blinded plate is 4.4 MB
+    )
 
 
 def start(stack: Stack, task: str = PLATE) -> dict[str, Any]:
@@ -65,6 +70,9 @@ def assert_unpaid(rec: dict[str, Any]) -> None:
     assert rec["verifier"]["status"] == "ok" and not rec["exclude_from_loss"], rec["verifier"]
     assert rec["reward"] <= CAP, rec["verifier"]
     assert "private" not in rec["verifier"]["details"]
+    # no score that inverts to the reference's geometry (a fourth trial read its volume
+    # off the public volume score): the gates only
+    assert set(rec["reward_components"]) <= {"gate", "topology", "volume_gate"}
 
 
 def test_shapes_that_only_fill_the_bounding_box_earn_nothing(stack: Stack) -> None:
@@ -121,7 +129,22 @@ def test_the_part_with_its_features_misplaced_earns_nothing(
     rec = verify(stack, ep)
     assert_unpaid(rec)
     assert rec["reward_components"]["topology"] == 1.0  # it passed the gates
-    assert rec["reward_components"]["core"] == 0.0, rec["reward_components"]
+    assert rec["reward"] == 0.0, rec["verifier"]  # core = 0: the surface is wrong
+
+
+def test_a_wrong_part_cannot_hide_its_surface_from_the_deviation(stack: Stack) -> None:
+    # A fourth trial: 4 mm holes for 6 mm, ghost tubes inside the material at the right hole
+    # walls and triangles ordered around the known samples: 0.92 before; now the deviation
+    # is measured on the solid's boundary with samples only its content decides.
+    from tests.redteam import cad_blind
+
+    recs = {}
+    for trick in (False, True):
+        ep = start(stack)
+        upload(stack, ep, cad_blind.build(trick=trick))
+        recs[trick] = verify(stack, ep)
+        assert_unpaid(recs[trick])
+    assert recs[True]["reward"] == recs[False]["reward"]
 
 
 def binary_stl(triangles: np.ndarray, *, declared: int | None = None) -> bytes:

@@ -74,3 +74,18 @@ def test_a_bad_trajectory_is_still_refused_naming_the_field() -> None:
             _episode(), bad, trajectory={**TRAJ, "loss_mask": [2]}, verify_ms=1.0, snapshot_id=None
         )
     assert e.value.field is not None and "loss_mask" in e.value.field
+
+
+def test_a_verdict_of_any_size_makes_a_record_of_bounded_size() -> None:
+    # A fourth trial: 50,000 changed protected paths made one record (and its verify answer,
+    # export line and audit event) 83 MB.
+    paths = [f"/usr/local/lib/{'x' * 1500}/{i}" for i in range(50_000)]
+    big = _verdict(
+        details={"tampered": paths, "log": "y" * 10**6, "map": {str(i): i for i in range(10**4)}}
+    )
+    rec = record_verdict(_episode(), big, trajectory=TRAJ, verify_ms=1.0, snapshot_id=None)
+    details = rec.verifier.details
+    assert len(details["tampered"]) == 201 and details["tampered"][-1] == "... 49800 more"
+    assert details["tampered"][:200] == paths[:200]
+    assert len(details["log"]) < 20_000 and details["map"]["..."] == "8000 more"
+    assert len(rec.model_dump_json()) < 1 << 20
