@@ -102,6 +102,7 @@ def save(
     if len(json.dumps(body.state)) > MAX_STATE_BYTES:
         raise InvalidRequest(f"state is over {MAX_STATE_BYTES} bytes of JSON", field="state")
     ep = _live_episode(ctx, principal, episode_id)
+    _refuse_unverifiable(ctx, principal, ep)
     snap = sandboxes.snapshot(ctx, principal, ep.sandbox_id)
     old_snapshot = None
     with ctx.db.session() as s:
@@ -133,6 +134,24 @@ def save(
         with contextlib.suppress(CrucibleError):  # expired meanwhile
             sandboxes.delete_snapshot(ctx, principal, old_snapshot)
     return row
+
+
+def _refuse_unverifiable(ctx: ServiceContext, principal: Principal, ep: Episode) -> None:
+    """``Conflict`` when this control plane could not verify an episode resumed from a
+    checkpoint of ``ep``: its end state would lie partly in the snapshot's image layers,
+    which only a control plane that reads the engine's storage can diff (a compose
+    replica reads through the engine's API). A fifth trial made every unsolved episode's 0
+    an error that way: checkpoint, give the claim back, resume, verify."""
+    reads = getattr(ctx.runtime, "reads_layers", None)
+    if reads is None:
+        return
+    row = sandboxes.get_live(ctx, principal, ep.sandbox_id)
+    if not reads(row.container_id):
+        raise Conflict(
+            "checkpoints need a control plane that reads the engine's storage (overlay2 on "
+            "the engine's host): this one could not verify an episode resumed from one",
+            field="episode_id",
+        )
 
 
 def _row(s: Session, work_item_id: str, sample_idx: int) -> Checkpoint | None:

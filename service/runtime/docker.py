@@ -1372,6 +1372,12 @@ class DockerRuntime:
         upper, lower = data.get("UpperDir"), data.get("LowerDir") or ""
         return [d for d in [upper, *lower.split(":")] if d] or [""]
 
+    def reads_layers(self, container_id: str) -> bool:
+        """Whether this host reads the container's layers (``overlay``): only then can a
+        sandbox made from a snapshot of it be diffed against the task image (``diff`` with
+        ``base_image``), so only then may it be checkpointed and resumed."""
+        return self._layers(container_id) is not None
+
     def _layers(self, container_id: str) -> tuple[str, list[str]] | None:
         """The container's (upper, lowers) when this host can read them (``overlay``)."""
         if not self._read_host_layers:
@@ -1421,6 +1427,14 @@ class DockerRuntime:
             )
         try:
             rows = self._api.diff(container_id) or []
+        except docker.errors.APIError as e:
+            cause = _explain(e).rsplit(": ", 1)[-1].strip().lower()
+            if cause in _END_STATE_CAUSES:
+                # the engine's walk of the frozen filesystem met what the end state made
+                # (a fifth trial: a tree deeper than PATH_MAX under the engine's storage);
+                # its message names the host's storage path, so only the cause is kept
+                raise EndStateUnreadable(f"the engine cannot diff the end state: {cause}") from e
+            raise _map_error(e, f"diff of container {container_id}") from e
         except Exception as e:
             raise _map_error(e, f"diff of container {container_id}") from e
         kinds = {0: "modified", 1: "added", 2: "deleted"}
@@ -1669,6 +1683,20 @@ def _read_error(e: OSError, what: str) -> SandboxError:
         name = os.path.basename(str(e.filename))[:80]
         return EndStateUnreadable(f"{what}: {e.strerror} ({name})")
     return SandboxError(f"{what}: {e}")
+
+
+_END_STATE_CAUSES = frozenset(
+    {
+        "file name too long",
+        "too many levels of symbolic links",
+        "not a directory",
+        "no such file or directory",
+        "permission denied",
+        "value too large for defined data type",
+    }
+)
+"""The causes (an errno's text) of an engine error that a filesystem's content can bring
+about, as the engine ends its message with them."""
 
 
 def _read_errors_mapped(

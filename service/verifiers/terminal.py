@@ -79,7 +79,8 @@ class TerminalCheck:
 def parse_reward(
     txt: bytes | None, js: bytes | None
 ) -> tuple[float | None, dict[str, float], str | None]:
-    """(reward, components, problem) from ``reward.txt`` / ``reward.json`` contents.
+    """(reward, components, problem) from ``reward.txt`` / ``reward.json`` contents; a
+    problem never quotes the files (anything in the run could have written them).
 
     ``reward.json`` is a flat object of at most ``MAX_COMPONENTS`` finite numbers with short
     names; its ``reward`` key is the reward, else their mean. The reward must lie in
@@ -96,10 +97,10 @@ def parse_reward(
                     raise ValueError("names of 1 to 64 printable characters")
                 k.encode("utf-8")  # a lone surrogate would make the record unstorable
                 if isinstance(v, bool) or not isinstance(v, int | float):
-                    raise ValueError(f"{k!r} is not a number")
+                    raise ValueError("a value is not a number")
                 comps[k] = float(v)
                 if not math.isfinite(comps[k]):
-                    raise ValueError(f"{k!r} is not finite")
+                    raise ValueError("a value is not finite")
         except (ValueError, TypeError, RecursionError, UnicodeError) as e:
             return None, {}, f"reward.json is not a flat object of finite numbers ({e})"
         value = comps.get("reward", sum(comps.values()) / len(comps))
@@ -107,7 +108,9 @@ def parse_reward(
         try:
             value, comps = float(txt.decode().strip()), {}
         except (ValueError, UnicodeDecodeError):
-            return None, {}, f"reward.txt is not a number: {txt[:80]!r}"
+            # never its content: what the tests' children wrote there (a fifth trial copied
+            # the hidden tests' names and expected output in, to read it in the reason)
+            return None, {}, f"reward.txt is not a number ({len(txt)} bytes)"
     else:
         return None, {}, "the test script wrote no /logs/verifier/reward.txt or reward.json"
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:

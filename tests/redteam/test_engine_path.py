@@ -5,8 +5,10 @@ stack: ``read_host_layers = false``), and how any control plane reads a resumed 
 (its changes lie in a checkpoint's image layers). A fourth trial turned 0s into errors there
 with one shell command each: a name that is not UTF-8 (the engine's diff and URLs cannot
 carry it), a symlink loop (the engine resolves the path it is asked for), a file turned
-into a directory (the engine's diff cannot mark it; the replay meets a file). Each is the
-end state's doing: 0 with ``status=ok``.
+into a directory (the engine's diff cannot mark it; the replay meets a file). A fifth:
+a tree deeper than PATH_MAX (the engine's own diff fails), and checkpoint-then-resume on
+such a control plane (it cannot diff a resumed episode: checkpoints are refused there).
+Each is the end state's doing: 0 with ``status=ok``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ PRIMITIVES = {
     "file-to-dir": "rm /etc/debian_version && mkdir /etc/debian_version && touch "
     "/etc/debian_version/x",
     "dir-to-file": "rm -rf /etc/cron.daily && echo f > /etc/cron.daily",
+    # a fifth trial: deeper than PATH_MAX under the engine's storage, the engine's own diff
+    # failed (its message naming the host's storage path)
+    "deep-path": "cd /app && d=$(printf 'd%.0s' $(seq 1 200)) && for i in $(seq 1 25); do "
+    "mkdir -p $d && cd $d; done && echo x > f",
 }
 
 
@@ -51,6 +57,34 @@ def test_primitives_read_through_the_engine_score_zero(engine_stack: Stack, prim
     ep = start(engine_stack, TASK, "terminal")
     sh(engine_stack, ep, "echo wrong > /app/top20.txt && " + PRIMITIVES[primitive])
     assert_zero(verify(engine_stack, ep))
+
+
+def test_primitives_read_through_the_engine_name_no_host_path(engine_stack: Stack) -> None:
+    ep = start(engine_stack, TASK, "terminal")
+    sh(engine_stack, ep, PRIMITIVES["deep-path"])
+    rec = verify(engine_stack, ep)
+    assert_zero(rec)
+    assert "/var/lib" not in str(rec) and "overlay2" not in str(rec), rec["verifier"]
+
+
+def test_no_checkpoint_where_a_resumed_episode_could_not_be_verified(engine_stack: Stack) -> None:
+    # A fifth trial: on a control plane without the engine's storage, checkpoint, give the
+    # claim back, resume and verify made every unsolved 0 an error (the resumed episode's
+    # changes lie in the checkpoint's image layers, which only the host can diff).
+    a = engine_stack.alice
+    job = a.post(
+        "/v1/jobs",
+        json={"suite": "terminal", "task_ids": [TASK], "group_size": 1, "policy": {"name": "p"}},
+    ).json()
+    item = a.post(f"/v1/jobs/{job['id']}/claim", json={"worker": "w", "lease_s": 600}).json()
+    r = a.post(
+        "/v1/episodes", json={"task_id": TASK, "suite": "terminal", "work_item_id": item["id"]}
+    )
+    ep = r.json()["episodes"][0]
+    r = a.post(f"/v1/episodes/{ep['id']}/checkpoints", json={"turn": 1, "state": {}})
+    assert r.status_code == 409 and "checkpoints need" in r.json()["detail"], r.text
+    assert_zero(verify(engine_stack, ep))
+    assert a.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
 
 
 def _resumed(stack: Stack) -> dict[str, Any]:

@@ -350,3 +350,20 @@ def test_configuration_that_loads_native_code_is_the_images() -> None:
     # a modified ancestor the engine cannot say was replaced (no children listed) is a
     # leaf: not carried over either
     assert plan_changes([FsChange("/etc/ssl", "modified")]).tampered == ("/etc/ssl",)
+
+
+@pytest.mark.parametrize(
+    ("txt", "js"),
+    [
+        (b"test_hidden_dataset_a,test_hidden_b|- Old Town\t607904.45", None),
+        (None, b'{"test_hidden_dataset_a": "x"}'),
+        (None, b'{"test_hidden_dataset_a": Infinity}'),
+    ],
+)
+def test_a_reward_files_problem_never_quotes_it(txt: bytes | None, js: bytes | None) -> None:
+    # A fifth trial: a daemon the tests' child left copied the JUnit report (hidden test
+    # names, the expected output in an assertion diff) into reward.txt, and the public
+    # reason quoted its first 80 bytes.
+    reward, _, problem = parse_reward(txt, js)
+    assert reward is None and problem is not None
+    assert "hidden" not in problem and "Old Town" not in problem, problem
