@@ -80,8 +80,16 @@ def test_background_fork_bomb_is_reclaimed_and_reported(
     # reported once: by the exec it happened in, or (a bomb left behind) by the next one
     assert res.pids_limit_hit or after.pids_limit_hit, (res, after)
     assert took_s < 10, took_s
-    again = _run(docker_runtime, cid, "ps -e -o pid= | wc -l")
-    assert again.exit_code == 0 and int(again.stdout) < 10  # the bomb is gone
+    # the bomb is gone (the classic one's last processes may still be dying of refused
+    # forks for a moment: a full CI run once saw one more fork refused here)
+    deadline = time.monotonic() + 20
+    while True:
+        again = _run(docker_runtime, cid, "ps -e -o pid= | wc -l")
+        gone = again.exit_code == 0 and int(again.stdout) < 10
+        if gone or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert gone, again
 
 
 def _upper(rt: Any, cid: str) -> str:
