@@ -72,23 +72,15 @@ def test_no_checkpoint_where_a_resumed_episode_could_not_be_verified(engine_stac
     # claim back, resume and verify made every unsolved 0 an error (the resumed episode's
     # changes lie in the checkpoint's image layers, which only the host can diff).
     a = engine_stack.alice
-    job = a.post(
-        "/v1/jobs",
-        json={"suite": "terminal", "task_ids": [TASK], "group_size": 1, "policy": {"name": "p"}},
-    ).json()
-    item = a.post(f"/v1/jobs/{job['id']}/claim", json={"worker": "w", "lease_s": 600}).json()
-    r = a.post(
-        "/v1/episodes", json={"task_id": TASK, "suite": "terminal", "work_item_id": item["id"]}
-    )
-    ep = r.json()["episodes"][0]
+    job, _, ep = _claimed_episode(engine_stack)
     r = a.post(f"/v1/episodes/{ep['id']}/checkpoints", json={"turn": 1, "state": {}})
     assert r.status_code == 409 and "checkpoints need" in r.json()["detail"], r.text
     assert_zero(verify(engine_stack, ep))
     assert a.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
 
 
-def _resumed(stack: Stack) -> dict[str, Any]:
-    """A job's episode checkpointed, its claim given back, and resumed from the checkpoint."""
+def _claimed_episode(stack: Stack) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(job, claimed item, its episode): a one-sample job of ``TASK``, claimed and started."""
     a = stack.alice
     job = a.post(
         "/v1/jobs",
@@ -99,7 +91,13 @@ def _resumed(stack: Stack) -> dict[str, Any]:
         "/v1/episodes", json={"task_id": TASK, "suite": "terminal", "work_item_id": item["id"]}
     )
     assert r.status_code == 201, r.text
-    ep = r.json()["episodes"][0]
+    return job, item, r.json()["episodes"][0]
+
+
+def _resumed(stack: Stack) -> dict[str, Any]:
+    """A job's episode checkpointed, its claim given back, and resumed from the checkpoint."""
+    a = stack.alice
+    job, item, ep = _claimed_episode(stack)
     sh(stack, ep, "echo wrong > /app/top20.txt")
     r = a.post(f"/v1/episodes/{ep['id']}/checkpoints", json={"turn": 1, "state": {}})
     assert r.status_code in (200, 201), r.text
