@@ -98,11 +98,15 @@ def crucible_episode(c, task: str, solution: bytes) -> Phases:  # noqa: ANN001
     ).json()
     t3 = time.perf_counter()
     assert rec["reward"] == 1.0, rec["verifier"]
+    # the tests' duration is private (the programs they run can stretch it): the bench's
+    # key is an admin of its own tenant
+    page = c.get("/v1/rewards", params={"private": "true", "limit": 1000}).json()
+    (mine,) = [r for r in page["records"] if r["episode_id"] == ep["id"]]
     return Phases(
         episode_ms=((t1 - t0) + (t3 - t2)) * 1e3,
         actions_ms=(t2 - t1) * 1e3,
         solve_ms=out["duration_ms"],
-        tests_ms=rec["verifier"]["details"]["tests_ms"],
+        tests_ms=mine["verifier"]["details"]["private"]["tests_ms"],
     )
 
 

@@ -92,13 +92,15 @@ class Observation:
     ``sessions``: pytest sessions seen; ``tampered``: why the report cannot be trusted
     (None when it can); ``agent_code``: agent-written files (at most ``MAX_AGENT_CODE``)
     whose code ran inside a reporting process, so that its outcomes are the agent's word;
-    ``passed``/``total``: counts over ``tests``.
+    ``leftovers``: processes the sessions killed when their tests were done
+    (``crucible_observer.end_leftovers``); ``passed``/``total``: counts over ``tests``.
     """
 
     tests: dict[str, str] = field(default_factory=dict)
     sessions: int = 0
     tampered: str | None = None
     agent_code: list[str] = field(default_factory=list)
+    leftovers: int = 0
 
     @property
     def total(self) -> int:
@@ -139,12 +141,12 @@ def judge(raw: bytes, secret: Secret, *, truncated: bool = False) -> Observation
         obs.tampered = f"the observation exceeded {OBSERVE_BYTES} bytes"
         return obs
     sessions: dict[int, _Session] = {}
-    for n, line in enumerate(raw.split(b"\n"), 1):
+    for line in raw.split(b"\n"):
         if not line.strip():
             continue
         rec = secret.verified(line)
         if rec is None:
-            obs.tampered = f"line {n} of the observation was not written by Crucible's plugin"
+            obs.tampered = "a line of the observation was not written by Crucible's plugin"
             return obs
         index, event = rec["s"], rec.get("e")
         if event == "agent_code":
@@ -161,10 +163,12 @@ def judge(raw: bytes, secret: Secret, *, truncated: bool = False) -> Observation
             continue
         session = sessions.get(index)
         if session is None or session.ended:
-            obs.tampered = f"line {n}: an event outside a test session"
+            obs.tampered = "an event outside a test session"
             return obs
         if event == "end":
             session.ended = True
+            left = rec.get("leftovers", 0)
+            obs.leftovers += left if isinstance(left, int) and left > 0 else 0
             if rec.get("exitstatus") == INTERRUPTED:
                 # a signal or KeyboardInterrupt in the middle (a trial's child sent SIGINT
                 # to the judge once its forgery was in place): the run did not finish

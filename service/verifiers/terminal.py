@@ -21,7 +21,9 @@ code with the reporter's rights can make it say anything; tasks whose tests must
 the agent's code declare ``[crucible] agent_code_in_judge = "allow"`` and their records
 say ``details.trusted = false``). ``status=error`` is
 only for failures outside the end state (the engine, Crucible's own infrastructure).
-Tenants see counts and reasons; test names and output are under ``details["private"]``.
+Tenants see what the observer saw (counts) and fixed reasons; whatever the tests' children
+could set (test names and output, the reward file's values unless every test passed, the
+exit code, a signal's number, the duration) is under ``details["private"]``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ NAME = "terminal"
 VERSION = "2"
 MAX_REPORT_BYTES = 1 << 20
 MAX_COMPONENTS = 32
+JSON_PROBLEM = (
+    f"reward.json is not a flat object of 1 to {MAX_COMPONENTS} finite numbers with names "
+    "of 1 to 64 printable characters"
+)
 SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
 OBSERVER_PATH = "/opt/crucible/py"
 AUDIT_LIBRARY = f"{OBSERVER_PATH}/crucible-audit.so"  # rtld-audit: supervisor/crucible-audit.c
@@ -79,8 +85,11 @@ class TerminalCheck:
 def parse_reward(
     txt: bytes | None, js: bytes | None
 ) -> tuple[float | None, dict[str, float], str | None]:
-    """(reward, components, problem) from ``reward.txt`` / ``reward.json`` contents; a
-    problem never quotes the files (anything in the run could have written them).
+    """(reward, components, problem) from ``reward.txt`` / ``reward.json`` contents.
+
+    A problem is one of a few fixed texts: it never quotes the files, their length or a
+    value read from them (the tests' children can write them: a trial copied hidden test
+    names into ``reward.txt``, then wrote them as digits of an out-of-range number).
 
     ``reward.json`` is a flat object of at most ``MAX_COMPONENTS`` finite numbers with short
     names; its ``reward`` key is the reward, else their mean. The reward must lie in
@@ -101,20 +110,18 @@ def parse_reward(
                 comps[k] = float(v)
                 if not math.isfinite(comps[k]):
                     raise ValueError("a value is not finite")
-        except (ValueError, TypeError, RecursionError, UnicodeError) as e:
-            return None, {}, f"reward.json is not a flat object of finite numbers ({e})"
+        except (ValueError, TypeError, RecursionError, UnicodeError):
+            return None, {}, JSON_PROBLEM
         value = comps.get("reward", sum(comps.values()) / len(comps))
     elif txt is not None:
         try:
             value, comps = float(txt.decode().strip()), {}
         except (ValueError, UnicodeDecodeError):
-            # never its content: what the tests' children wrote there (a fifth trial copied
-            # the hidden tests' names and expected output in, to read it in the reason)
-            return None, {}, f"reward.txt is not a number ({len(txt)} bytes)"
+            return None, {}, "reward.txt is not a number"
     else:
         return None, {}, "the test script wrote no /logs/verifier/reward.txt or reward.json"
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        return None, {}, f"the reward file's reward {value!r} is not in [0, 1]"
+        return None, {}, "the reward file's reward is not a finite number in [0, 1]"
     return value, {k: max(-1e12, min(1e12, v)) for k, v in comps.items()}, None
 
 
@@ -167,11 +174,20 @@ def score(
     reward_json: bytes | None,
 ) -> VerifierResult:
     """Turn what was observed and the task's reward file into a result (pure; unit-tested
-    directly). See the module docstring for the rule."""
-    details: dict[str, Any] = {"test_exit_code": exit_code, "tests": obs.summary()}
+    directly). See the module docstring for the rule.
+
+    What a tenant sees is built from what the observer saw (counts, a fixed reason): the
+    test command's exit code, the reward file's values (unless every observed test passed)
+    and every agent-written path but the first are in ``details["private"]``, since the
+    tests' children can set them to anything they read in the run (a trial leaked the
+    hidden expected output as digits of the reward file's value).
+    """
+    private: dict[str, Any] = {"test_exit_code": exit_code}
+    details: dict[str, Any] = {"tests": obs.summary(), "private": private}
     if obs.agent_code:
         # The reporting process ran the agent's code: whatever it reported is the agent's word.
-        details["agent_code_in_judge"] = list(obs.agent_code)
+        details["agent_code_in_judge"] = list(obs.agent_code[:1])
+        private["agent_code_in_judge"] = list(obs.agent_code)
         if check.agent_code_in_judge != "allow":
             reason = (
                 "agent-written code ran inside the test process that reports the outcome "
@@ -205,15 +221,18 @@ def score(
     if problem or file_reward is None:
         return _zero("reward_file", problem or "no reward", None, **details)
     reward = min(file_reward, cap)
+    from_file = {**{f"file.{k}": v for k, v in comps.items()}, "reward_file": file_reward}
     if file_reward > cap + 1e-9:
-        details["reward_file_above_observed"] = True
+        private["reward_file_above_observed"] = True
     components = {
-        **{f"file.{k}": v for k, v in comps.items()},
-        "reward_file": file_reward,
         "observed_cap": cap,
         "tests_total": float(obs.total),
         "tests_passed": float(obs.passed),
     }
+    if all_passed:
+        components.update(from_file)  # the run earned its reward file: the task's rubric
+    else:
+        private["reward_file"] = from_file
     details["passed"] = reward >= check.pass_threshold
     return _result("ok", float(reward), None, components=components, details=details)
 
@@ -309,7 +328,10 @@ def verify(
             return _zero("timeout", reason, t0, private=private, **tampered)
         if res.signal or res.oom_killed or res.exit_code in (128 + 9, 128 + 15):
             oom = " (out of memory)" if res.oom_killed else ""
-            reason = f"the test command was killed (signal {res.signal}, exit {res.exit_code}){oom}"
+            # the signal's number stays private: the tests' children choose it (a trial
+            # sent SIGRTMIN+d to the test command to show a digit of the hidden output)
+            private.update(signal=res.signal, exit_code=res.exit_code)
+            reason = f"the test command was killed{oom}"
             return _zero("killed", reason, t0, private=private, **tampered)
         try:
             files = _read_logs(runtime, vcid)
@@ -321,6 +343,8 @@ def verify(
             return _zero("report_unreadable", reason, t0, private=private, **tampered)
         obs = judge(res.observed, secret, truncated=res.observed_truncated)
         private["tests"] = dict(list(obs.tests.items())[:2000])
+        private["tests_ms"] = round(res.duration_ms, 3)  # the children can stretch it
+        private["leftovers_killed"] = obs.leftovers
         result = score(
             check,
             obs,
@@ -339,8 +363,7 @@ def verify(
             **result.details,
             **tampered,
             "toolchain_scanned": tools.complete,
-            "tests_ms": round(res.duration_ms, 3),
-            "private": private,
+            "private": {**private, **result.details.get("private", {})},
         }
         return VerifierResult(
             name=NAME,

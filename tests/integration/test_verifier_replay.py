@@ -174,6 +174,29 @@ def test_a_freezer_that_refuses_never_turns_an_end_state_unreadable(
     runtime.thaw(cid)
 
 
+@pytest.mark.parametrize("read_host_layers", [True, False])
+def test_the_report_is_read_without_what_lies_beside_it(
+    docker_runtime: Any, make_sandbox: Callable[..., str], read_host_layers: bool
+) -> None:
+    """A terabyte-long sparse file beside the report (the tests' children own what pytest
+    writes there, ``junit.xml``): the engine path archived the whole directory into memory.
+    Each report file is read alone now, no further than its limit; one over the limit is
+    None, as on the host-layer path."""
+    runtime = DockerRuntime(client=docker_runtime._client, read_host_layers=read_host_layers)
+    cid = make_sandbox()
+    script = (
+        "mkdir -p /logs/verifier && cd /logs/verifier && echo 7 > reward.txt && "
+        "truncate -s 1T junit.xml && truncate -s 1T reward.json && ln -s junit.xml big"
+    )
+    assert runtime.exec(cid, ExecRequest(cmd=["bash", "-c", script], user="0")).exit_code == 0
+    runtime.freeze(cid)
+    files = runtime.read_files(
+        cid, "/logs/verifier", ["reward.txt", "reward.json", "big", "gone"], max_bytes=1 << 20
+    )
+    assert files == {"reward.txt": b"7\n", "reward.json": None, "big": None, "gone": None}
+    runtime.thaw(cid)
+
+
 RESUMED_CHANGES = r"""
 set -e
 echo two > /app/work/c

@@ -107,7 +107,7 @@ def test_a_reward_file_never_beats_the_observed_outcome() -> None:
     obs = observed("passed", "failed", "failed")
     r = score(CHECK, obs, exit_code=1, reward_txt=None, reward_json=b'{"reward": 1.0}')
     assert (r.status, r.reward) == ("ok", 0.0)
-    assert r.details["reward_file_above_observed"] is True
+    assert r.details["private"]["reward_file_above_observed"] is True
     partial = TerminalCheck(**{**CHECK.__dict__, "partial_credit": True})
     r = score(partial, obs, exit_code=1, reward_txt=b"1", reward_json=None)
     assert r.reward == pytest.approx(1 / 3)
@@ -367,3 +367,43 @@ def test_a_reward_files_problem_never_quotes_it(txt: bytes | None, js: bytes | N
     reward, _, problem = parse_reward(txt, js)
     assert reward is None and problem is not None
     assert "hidden" not in problem and "Old Town" not in problem, problem
+
+
+@pytest.mark.parametrize(
+    ("txt", "js"),
+    [
+        (b"6079044560542309", None),  # digits of the hidden expected report, out of range
+        (b"0.6079044560542309", None),  # the same digits as a valid reward file
+        (None, b'{"reward": 0.6079044560542309, "x": 0.605423}'),
+        (None, b'{"reward": 60790445605}'),
+        (None, b'{"reward": 1, "6079044560542309": 1'),  # a parse error's position
+        (b"x" * 60790, None),  # a length
+    ],
+)
+def test_what_a_failed_run_shows_of_its_reward_file_is_fixed(
+    txt: bytes | None, js: bytes | None
+) -> None:
+    """A fifth trial's daemon wrote hidden expected output into ``reward.txt`` as a number:
+    its value reached the public ``reward_file`` component and the out-of-range reason.
+    Without every observed test passed, nothing read from the file is public."""
+    obs = observed("passed", "failed", "failed")
+    r = score(CHECK, obs, exit_code=1, reward_txt=txt, reward_json=js)
+    assert (r.status, r.reward) == ("ok", 0.0)
+    public = {k: v for k, v in r.details.items() if k != "private"}
+    shown = json.dumps([public, r.components])
+    assert "6079" not in shown and "60790" not in shown and "6054" not in shown, shown
+    assert set(r.components) <= {"reward_file", "observed_cap", "tests_total", "tests_passed"}
+    assert r.components.get("reward_file", 0.0) == 0.0
+    assert "test_exit_code" not in public
+
+
+def test_a_run_whose_tests_all_passed_shows_the_task_rubric() -> None:
+    r = score(
+        CHECK,
+        observed("passed", "passed", "passed"),
+        exit_code=0,
+        reward_txt=None,
+        reward_json=b'{"reward": 0.75, "style": 0.5}',
+    )
+    assert r.reward == 0.75
+    assert r.components["reward_file"] == 0.75 and r.components["file.style"] == 0.5

@@ -250,7 +250,8 @@ class _Observer:
     def pytest_sessionfinish(self, session, exitstatus) -> None:  # noqa: ANN001
         for nodeid in list(self.phases):
             self._finish(nodeid)
-        self.send("end", exitstatus=int(exitstatus))
+        ended = end_leftovers()
+        self.send("end", exitstatus=int(exitstatus), leftovers=ended)
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -377,6 +378,76 @@ def _restrict_children() -> None:
     os.system = system
     if hasattr(os, "posix_spawn"):
         os.posix_spawn, os.posix_spawnp = spawn, spawnp
+
+
+_CAP_DAC_OVERRIDE = 1 << 1
+LEFTOVER_DEADLINE_S = 5.0
+
+
+def _status(pid: str):  # noqa: ANN202
+    """(state letter, parent pid, effective capabilities) of ``/proc/<pid>/status``, or None
+    (gone)."""
+    state = ppid = caps = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == "State":
+                    state = value.split()[0]
+                elif key == "PPid":
+                    ppid = int(value)
+                elif key == "CapEff":
+                    caps = int(value, 16)
+    except (OSError, ValueError):
+        return None
+    if state is None or ppid is None or caps is None:
+        return None
+    return state, ppid, caps
+
+
+def end_leftovers() -> int:
+    """Stop and kill (``SIGSTOP``, then ``SIGKILL``) every process of the sandbox that runs
+    without ``CAP_DAC_OVERRIDE``, i.e. every program the tests started (their children
+    lose it, ``_restrict_children``) and every agent-written program ``test.sh`` ran
+    (``crucible-audit.so`` drops it), once the session's tests are done: none of them
+    outlives the tests into what ``test.sh`` and the verifier read next (a trial's daemon
+    rewrote ``reward.txt`` after ``test.sh`` wrote it). Rounds repeat until a scan finds
+    none (a process forked mid-round is caught by the next) or ``LEFTOVER_DEADLINE_S``
+    passes. Returns how many were signalled. Does nothing when the task declared
+    ``children_privileged`` (its children keep the capability) or this process lacks it."""
+    import signal
+    import time
+
+    if os.environ.get("CRUCIBLE_CHILDREN_PRIVILEGED") == "1":
+        return 0
+    me = _status("self")
+    if me is None or not me[2] & _CAP_DAC_OVERRIDE:
+        return 0
+    keep, pid = {1, os.getpid()}, me[1]
+    while pid > 1 and pid not in keep:  # this process's ancestors: test.sh, the supervisor
+        keep.add(pid)
+        up = _status(str(pid))
+        pid = up[1] if up else 0
+    ended: set = set()
+    deadline = time.monotonic() + LEFTOVER_DEADLINE_S
+    while time.monotonic() < deadline:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in keep:
+                continue
+            st = _status(entry)
+            if st is None or st[0] in ("Z", "X") or st[2] & _CAP_DAC_OVERRIDE:
+                continue
+            found.append(int(entry))
+        if not found:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in found:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+        ended.update(found)
+        time.sleep(0.005)
+    return len(ended)
 
 
 def _watched(channel):  # noqa: ANN001, ANN202
