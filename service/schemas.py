@@ -16,6 +16,18 @@ from service.text import find_unencodable
 
 MetadataValue = str | int | float | bool | None
 
+# Metadata keys the service writes and acts on: recovery releases a leased sandbox whose
+# ``episode_role`` names a group start that no live episode owns, so a tenant's own key of
+# that name would have its ad-hoc sandbox taken from it. A tenant's metadata may not set them.
+RESERVED_METADATA_KEYS = frozenset({"episode_role"})
+
+
+def _tenant_metadata(value: dict[str, MetadataValue]) -> dict[str, MetadataValue]:
+    """Refuse the keys the service reserves (``RESERVED_METADATA_KEYS``)."""
+    if reserved := sorted(RESERVED_METADATA_KEYS & value.keys()):
+        raise ValueError(f"metadata key {reserved[0]!r} is reserved for the service")
+    return value
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -44,6 +56,8 @@ class LeaseRequest(_Model):
     limits: LimitsIn | None = None
     ttl_s: int | None = Field(None, ge=1, description="Lease length; default from settings.")
     metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=64)
+
+    _metadata = field_validator("metadata")(_tenant_metadata)
 
 
 class SandboxOut(_Model):
@@ -163,6 +177,8 @@ class ForkIn(_Model):
     n: int = Field(1, ge=1)
     ttl_s: int | None = Field(None, ge=1)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=64)
+
+    _metadata = field_validator("metadata")(_tenant_metadata)
 
 
 class ForkOut(_Model):

@@ -476,6 +476,22 @@ def test_lone_surrogates_are_refused_and_nothing_is_stored(
     assert listed.status_code == 200 and len(listed.json()["sandboxes"]) == before
 
 
+@pytest.mark.parametrize("url", ["/v1/sandboxes", "/v1/snapshots/snap_nope/fork"])
+def test_metadata_keys_the_service_acts_on_are_refused(stack: Stack, url: str) -> None:
+    # Regression: a tenant's ad-hoc sandbox leased with metadata {"episode_role": "member"}
+    # was taken for a group start's orphan and released by recovery (start-up and the
+    # dead-replica sweep release a member sandbox no live episode owns).
+    before = len(stack.alice.get("/v1/sandboxes").json()["sandboxes"])
+    body = {"metadata": {"g": "1", "episode_role": "member"}}
+    if url == "/v1/sandboxes":
+        body["template"] = "tiny"
+    r = stack.alice.post(url, json=body)
+    assert_problem(r, 422, "metadata")
+    assert "reserved" in r.json()["detail"], r.text
+    listed = stack.alice.get("/v1/sandboxes")
+    assert listed.status_code == 200 and len(listed.json()["sandboxes"]) == before
+
+
 # ------------------------------------------------ file API: bounded, refused, never a 5xx
 
 
