@@ -22,6 +22,10 @@ def test_every_tracked_data_file_is_in_the_wheel(tmp_path: Path) -> None:
     ).stdout.split()
     data = {p for p in tracked if not p.endswith(".py") and not Path(p).name.startswith(".")}
     data |= {p for p in tracked if p.startswith("service/runtime/supervisor/py/")}
+    # Alembic's env and versions are modules of no package: an installed ``crucible db
+    # upgrade`` needs every one of them (issue 14: migrations/ still shipped in the wheel)
+    data |= {p for p in tracked if p.startswith("migrations/")}
+    assert "migrations/env.py" in data and "migrations/versions/0001_initial_schema.py" in data
     assert "service/runtime/supervisor/py/crucible-verifier.pth" in data
     subprocess.run(
         [
