@@ -14,6 +14,7 @@ counts only (the reward file's values, exit codes and signals are private).
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import pytest
@@ -113,3 +114,56 @@ def test_a_signal_the_tests_child_chose_is_not_in_the_public_verdict(stack: Stac
     shown = json.dumps(rec)
     assert "40" not in v["details"]["reason"] and "168" not in shown, shown
     assert _private(stack, ep)["signal"] == 40  # SIGRTMIN (34) + 6, for the operator
+
+
+# In a real sandbox, as the verifier runs it: a root shell with the sandbox's capabilities
+# starts a server without DAC_OVERRIDE before the session (as test.sh may), then the judge's
+# process starts a privileged helper, restricts its children as the observer does, starts a
+# child and a daemon of its own session, and ends the session's leftovers.
+OBSERVER = "import sys; sys.path.insert(0, '/opt/crucible/py'); import crucible_observer as c\n"
+SERVER = (
+    OBSERVER
+    + "import subprocess as s; c._restrict_children()\n"
+    + "print(s.Popen(['sleep', '303'], stdout=s.DEVNULL, stderr=s.DEVNULL).pid)\n"
+)
+LEFTOVERS = (
+    OBSERVER
+    + r"""
+import subprocess, time
+quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+helper = subprocess.Popen(["sleep", "302"], **quiet)
+c._restrict_children()
+child = subprocess.Popen(["sleep", "300"], **quiet)
+daemon = subprocess.Popen(["bash", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $!"],
+                          stdout=subprocess.PIPE, text=True)
+daemon_pid = int(daemon.stdout.readline())
+time.sleep(0.3)
+print("ended", c.end_leftovers())
+time.sleep(0.2)
+def alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+print("child", alive(child.pid), "daemon", alive(daemon_pid), "helper", alive(helper.pid))
+helper.kill()
+"""
+)
+
+
+def test_the_sessions_leftovers_end_and_what_came_before_stays(
+    docker_runtime: Any, make_sandbox: Any
+) -> None:
+    from service.runtime.base import ExecRequest
+
+    cid = make_sandbox()
+    script = (
+        f"server=$(python3 -c {shlex.quote(SERVER)}); sleep 0.2; "
+        f"python3 -c {shlex.quote(LEFTOVERS)}; "
+        "echo server $(test -d /proc/$server && echo True || echo False); kill $server"
+    )
+    res = docker_runtime.exec(cid, ExecRequest(cmd=["bash", "-c", script], user="0", timeout_s=60))
+    out = (res.stdout + res.stderr).decode()
+    assert "child False daemon False helper True" in out, out
+    assert "server True" in out, out  # started before the session: test.sh's, left alone
+    assert "ended 2" in out or "ended 3" in out, out  # the child, the daemon (and its bash)

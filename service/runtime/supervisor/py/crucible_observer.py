@@ -405,23 +405,36 @@ def _status(pid: str):  # noqa: ANN202
     return state, ppid, caps
 
 
+def _started(pid: str):  # noqa: ANN202
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or
+    None (gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22; the split starts at field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def end_leftovers() -> int:
     """Stop and kill (``SIGSTOP``, then ``SIGKILL``) every process of the sandbox that runs
-    without ``CAP_DAC_OVERRIDE``, i.e. every program the tests started (their children
-    lose it, ``_restrict_children``) and every agent-written program ``test.sh`` ran
-    (``crucible-audit.so`` drops it), once the session's tests are done: none of them
-    outlives the tests into what ``test.sh`` and the verifier read next (a trial's daemon
-    rewrote ``reward.txt`` after ``test.sh`` wrote it). Rounds repeat until a scan finds
-    none (a process forked mid-round is caught by the next) or ``LEFTOVER_DEADLINE_S``
-    passes. Returns how many were signalled. Does nothing when the task declared
-    ``children_privileged`` (its children keep the capability) or this process lacks it."""
+    without ``CAP_DAC_OVERRIDE`` and started after this session's process did, i.e. every
+    program the tests started (their children lose it, ``_restrict_children``) and what
+    those left behind, once the session's tests are done: none of them outlives the tests
+    into what ``test.sh`` and the verifier read next (a trial's daemon rewrote
+    ``reward.txt`` after ``test.sh`` wrote it). What ``test.sh`` started before the session
+    (a server the tests talk to, for this session and the next) is left alone. Rounds
+    repeat until a scan finds none (a process forked mid-round is caught by the next) or
+    ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does nothing when the
+    task declared ``children_privileged`` (its children keep the capability) or this
+    process lacks it."""
     import signal
     import time
 
     if os.environ.get("CRUCIBLE_CHILDREN_PRIVILEGED") == "1":
         return 0
-    me = _status("self")
-    if me is None or not me[2] & _CAP_DAC_OVERRIDE:
+    me, since = _status("self"), _started("self")
+    if me is None or since is None or not me[2] & _CAP_DAC_OVERRIDE:
         return 0
     keep, pid = {1, os.getpid()}, me[1]
     while pid > 1 and pid not in keep:  # this process's ancestors: test.sh, the supervisor
@@ -435,8 +448,10 @@ def end_leftovers() -> int:
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in keep:
                 continue
-            st = _status(entry)
-            if st is None or st[0] in ("Z", "X") or st[2] & _CAP_DAC_OVERRIDE:
+            st, born = _status(entry), _started(entry)
+            if st is None or born is None or born <= since:  # started before this session
+                continue
+            if st[0] in ("Z", "X") or st[2] & _CAP_DAC_OVERRIDE:
                 continue
             found.append(int(entry))
         if not found:
