@@ -7,6 +7,8 @@ STORES = ["Harbour St", "Mill Lane", "North Gate", "Quayside", "West End", "Old 
 
 
 def build(root, seed):
+    """Write the data set under ``root``; return what was written, ``{relative path: text}``."""
+    written = {}
     rnd = random.Random(seed)
     stores = rnd.sample(STORES, rnd.randint(4, len(STORES)))
     skus = [f"SKU-{rnd.randint(100, 999)}" for _ in range(rnd.randint(6, 12))]
@@ -19,6 +21,7 @@ def build(root, seed):
         if rel.endswith(".txt"):
             with open(path, "w") as f:
                 f.write("date,store,qty,price,sku\n2024-01-01,Ghost,1,1.00,SKU-000\n")
+            written[rel] = "date,store,qty,price,sku\n2024-01-01,Ghost,1,1.00,SKU-000\n"
             continue
         n = 0 if rel == "empty.csv" else rnd.randint(15, 60)
         lines = ["date,store,qty,price,sku"]
@@ -32,6 +35,8 @@ def build(root, seed):
             text += eol
         with open(path, "w", newline="") as f:
             f.write(text)
+        written[rel] = text
+    return written
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""Verifier for fix-shell-report-pipeline: runs the script on fresh data sets."""
+"""Verifier for fix-shell-report-pipeline: runs the script on fresh data sets.
+
+The script runs as a child of this process and owns every file it creates, and what it
+leaves running keeps acting between tests: every expected value here is computed from what
+the generator returned (in memory) before the script runs, never by reading the inputs
+back from disk.
+"""
 
 import collections
 import importlib.util
@@ -16,22 +22,29 @@ def _gen():
     return mod
 
 
-def reference(root):
+GEN = _gen()  # loaded before any test runs the script
+
+
+def generate(root, seed):
+    """Write a data set under ``root``; ``{relative path: text}`` of what was written."""
+    return GEN.build(str(root), seed)
+
+
+def reference(files):
+    """The expected report for the data set ``files`` (``{relative path: text}``)."""
     cents, qty, skus = collections.Counter(), collections.Counter(), collections.defaultdict(set)
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            if not name.endswith(".csv"):
+    for rel, text in files.items():
+        if not os.path.basename(rel).endswith(".csv"):
+            continue
+        lines = text.replace("\r\n", "\n").split("\n")[1:]
+        for line in lines:
+            if not line:
                 continue
-            with open(os.path.join(dirpath, name), newline="") as f:
-                lines = f.read().replace("\r\n", "\n").split("\n")[1:]
-            for line in lines:
-                if not line:
-                    continue
-                _, store, q, price, sku = line.split(",")
-                units, dec = price.split(".")
-                cents[store] += int(q) * (int(units) * 100 + int(dec))
-                qty[(store, sku)] += int(q)
-                skus[store].add(sku)
+            _, store, q, price, sku = line.split(",")
+            units, dec = price.split(".")
+            cents[store] += int(q) * (int(units) * 100 + int(dec))
+            qty[(store, sku)] += int(q)
+            skus[store].add(sku)
     rows = []
     for store, c in cents.items():
         top = min(skus[store], key=lambda s: (-qty[(store, s)], s.encode()))
@@ -42,18 +55,27 @@ def reference(root):
     )
 
 
+def listing(root, files):
+    """Every path under ``root`` once ``files`` are written there (files and folders)."""
+    paths = set()
+    for rel in files:
+        parts = pathlib.PurePosixPath(rel).parts
+        paths.update(str(pathlib.Path(root, *parts[:i])) for i in range(1, len(parts) + 1))
+    return sorted(paths)
+
+
 def run(indir, out):
     return subprocess.run(["bash", SCRIPT, str(indir), str(out)], capture_output=True, text=True, timeout=60)
 
 
 def check_seed(tmp_path, seed):
     data = tmp_path / f"in put {seed}"
-    _gen().build(str(data), seed)
+    expected = reference(generate(data, seed))
     out = tmp_path / "out dir" / "report.tsv"
     out.parent.mkdir()
     r = run(data, out)
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == reference(data), f"seed {seed}"
+    assert out.read_text() == expected, f"seed {seed}"
 
 
 def test_sample_data(tmp_path):
@@ -70,26 +92,28 @@ def test_other_dataset_b(tmp_path):
 
 def test_large_revenues_and_many_files(tmp_path):
     data = tmp_path / "big"
+    files = {}
     for k in range(5):
-        _gen().build(str(data / f"part {k}"), 100 + k)
+        files.update({f"part {k}/{rel}": text for rel, text in generate(data / f"part {k}", 100 + k).items()})
+    expected = reference(files)
     out = tmp_path / "r.tsv"
     r = run(data, out)
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == reference(data)
+    assert out.read_text() == expected
 
 
 def test_rerun_is_idempotent_and_leaves_no_temp_files(tmp_path):
     data = tmp_path / "d"
-    _gen().build(str(data), 7)
+    files = generate(data, 7)
+    expected, expected_data = reference(files), listing(data, files)
     before_tmp = set(os.listdir("/tmp"))
-    before_data = sorted(str(p) for p in data.rglob("*"))
     out = tmp_path / "r.tsv"
     run(data, out)
     first = out.read_text()
     run(data, out)
-    assert out.read_text() == first == reference(data)
+    assert out.read_text() == first == expected
     assert set(os.listdir("/tmp")) == before_tmp, "temporary files left in /tmp"
-    assert sorted(str(p) for p in data.rglob("*")) == before_data
+    assert sorted(str(p) for p in data.rglob("*")) == expected_data
     assert sorted(os.listdir(tmp_path)) == ["d", "r.tsv"], "stray files next to the output"
 
 

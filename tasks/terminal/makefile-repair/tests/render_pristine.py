@@ -9,9 +9,11 @@ import os
 import sys
 
 
-def title_and_body(path):
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+def title_and_body(path, text=None):
+    if text is None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    lines = text.splitlines()
     title = lines[0].lstrip("# ").strip() if lines and lines[0].startswith("#") else os.path.basename(path)
     paras, cur = [], []
     for line in lines[1:]:
@@ -26,24 +28,34 @@ def title_and_body(path):
 
 
 def page(src, out):
-    title, paras = title_and_body(src)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(page_html(src))
+
+
+def page_html(src, text=None):
+    """The page ``page`` writes for ``src`` (whose content is ``text`` if given)."""
+    title, paras = title_and_body(src, text)
     body = "\n".join(f"<p>{html.escape(p)}</p>" for p in paras)
     doc = (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
            f"<link rel=\"stylesheet\" href=\"style.css\"></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(doc)
+    return doc
 
 
 def index(out, srcs):
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(index_html(srcs))
+
+
+def index_html(srcs, texts=None):
+    """The index ``index`` writes for ``srcs`` (their contents ``texts[src]`` if given)."""
     items = []
     for src in sorted(srcs, key=os.path.basename):
         name = os.path.splitext(os.path.basename(src))[0]
-        title, _ = title_and_body(src)
+        title, _ = title_and_body(src, None if texts is None else texts[src])
         items.append(f"<li><a href=\"{name}.html\">{html.escape(title)}</a></li>")
     doc = ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Index</title>"
            "<link rel=\"stylesheet\" href=\"style.css\"></head>\n<body>\n<ul>\n" + "\n".join(items) + "\n</ul>\n</body></html>\n")
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(doc)
+    return doc
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""Verifier for makefile-repair."""
+"""Verifier for makefile-repair.
+
+``make`` runs the agent's Makefile as a child of this process, which owns every file this
+process creates, and what it leaves running keeps acting between tests: the expected site
+is rendered in memory from the sources as they were before any ``make`` ran (and the pages
+the tests write), never from files read back after a build.
+"""
 
 import hashlib
 import importlib.util
@@ -30,6 +36,19 @@ def _renderer():
     return mod
 
 
+RENDER = _renderer()
+
+
+def _read_text(path):
+    with open(path, encoding="utf-8") as f:  # as the renderer reads it
+        return f.read()
+
+
+# The sources before any make ran (test_project_files_untouched pins them): {name: text}
+PAGES = {p.stem: _read_text(p) for p in sorted((SITE / "src/pages").glob("*.md"))}
+STYLE = (SITE / "static/style.css").read_bytes()
+
+
 def make(*args, check=True):
     r = subprocess.run(["make", *args], cwd=SITE, capture_output=True, text=True, timeout=120)
     if check:
@@ -43,24 +62,17 @@ def fresh_build():
     make()
 
 
-def pages():
-    return sorted(p.stem for p in (SITE / "src/pages").glob("*.md"))
-
-
-def expected_files(tmp):
-    r = _renderer()
-    exp = {}
-    for name in pages():
-        r.page(str(SITE / f"src/pages/{name}.md"), str(tmp / "p.html"))
-        exp[f"{name}.html"] = (tmp / "p.html").read_bytes()
-    r.index(str(tmp / "i.html"), [str(p) for p in (SITE / "src/pages").glob("*.md")])
-    exp["index.html"] = (tmp / "i.html").read_bytes()
-    exp["style.css"] = (SITE / "static/style.css").read_bytes()
+def expected_files(pages):
+    """The site the renderer makes from ``pages`` ({name: Markdown text}): {file name: bytes}."""
+    srcs = {str(SITE / f"src/pages/{name}.md"): text for name, text in pages.items()}
+    exp = {f"{pathlib.Path(src).stem}.html": RENDER.page_html(src, text).encode() for src, text in srcs.items()}
+    exp["index.html"] = RENDER.index_html(list(srcs), srcs).encode()
+    exp["style.css"] = STYLE
     return exp
 
 
-def check_outputs(tmp):
-    exp = expected_files(tmp)
+def check_outputs(pages=PAGES):
+    exp = expected_files(pages)
     got = {p.name: p.read_bytes() for p in (OUT / "site").iterdir() if p.is_file()}
     assert sorted(got) == sorted(exp)
     for k in exp:
@@ -73,12 +85,16 @@ def check_outputs(tmp):
 
 
 def backdate():
-    """Make sources older than outputs, deterministically."""
-    now = time.time()
+    """Make sources older than outputs, deterministically; the outputs' times set ({path: ns})."""
+    now = int(time.time()) * 10**9
+    outputs = {}
     for p in list(SITE.rglob("*")):
         if p.is_file():
-            t = now - 100 if OUT in p.parents else now - 200
-            os.utime(p, (t, t))
+            t = now - 100 * 10**9 if OUT in p.parents else now - 200 * 10**9
+            os.utime(p, ns=(t, t))
+            if OUT in p.parents:
+                outputs[p] = t
+    return outputs
 
 
 def test_project_files_untouched():
@@ -86,56 +102,57 @@ def test_project_files_untouched():
         assert hashlib.sha256((SITE / rel).read_bytes()).hexdigest() == digest, rel
 
 
-def test_clean_then_full_build(tmp_path):
+def test_clean_then_full_build():
     fresh_build()
-    check_outputs(tmp_path)
+    check_outputs()
 
 
 def test_second_make_is_noop():
     fresh_build()
-    backdate()
-    before = {p: p.stat().st_mtime_ns for p in OUT.rglob("*") if p.is_file()}
+    before = backdate()
     assert make("-q", check=False).returncode == 0, "make -q says the build is not up to date"
     make()
     after = {p: p.stat().st_mtime_ns for p in OUT.rglob("*") if p.is_file()}
     assert before == after, "a second make rebuilt files"
 
 
-def test_edit_one_page_rebuilds_only_what_depends_on_it(tmp_path):
+def test_edit_one_page_rebuilds_only_what_depends_on_it():
     fresh_build()
-    backdate()
+    times = backdate()
     untouched = [OUT / "site/about.html", OUT / "site/tides.html", OUT / "site/style.css"]
-    before = {p: p.stat().st_mtime_ns for p in untouched}
-    (SITE / "src/pages/birds.md").write_text("# Bird Counts (Autumn)\n\nAutumn counts recorded 37 species.\n")
+    before = {p: times.get(p) for p in untouched}
+    edited = "# Bird Counts (Autumn)\n\nAutumn counts recorded 37 species.\n"
+    (SITE / "src/pages/birds.md").write_text(edited)
     try:
         make()
         assert {p: p.stat().st_mtime_ns for p in untouched} == before, "unrelated files were rebuilt"
         assert "Autumn counts" in (OUT / "site/birds.html").read_text()
         assert "Bird Counts (Autumn)" in (OUT / "site/index.html").read_text()
-        check_outputs(tmp_path)
+        check_outputs(dict(PAGES, birds=edited))
     finally:
         (SITE / "src/pages/birds.md").write_text(
             "# Bird Counts\n\nSpring counts recorded 41 species, including <rare> avocets.\n"
         )
 
 
-def test_new_page_is_picked_up(tmp_path):
+def test_new_page_is_picked_up():
     fresh_build()
     backdate()
     new = SITE / "src/pages/moths.md"
-    new.write_text("# Moth Trap\n\nThe trap runs on warm nights.\n")
+    text = "# Moth Trap\n\nThe trap runs on warm nights.\n"
+    new.write_text(text)
     try:
         make()
         assert (OUT / "site/moths.html").is_file()
         assert "moths.html" in (OUT / "site/index.html").read_text()
-        check_outputs(tmp_path)
+        check_outputs(dict(PAGES, moths=text))
     finally:
         new.unlink()
 
 
-def test_dist_target_from_clean(tmp_path):
+def test_dist_target_from_clean():
     make("clean")
     make("dist")
-    check_outputs(tmp_path)
+    check_outputs()
     assert (SITE / "dist").read_text() == "old release notes (do not delete)\n"
     assert (SITE / "clean").read_text() == "notes from the 2019 cleanup script (do not delete)\n"

@@ -6,6 +6,8 @@ import sys
 
 
 def build(path, seed):
+    """Write the database at ``path``; return the rows inserted into orders_flat, in order."""
+    written = []
     rnd = random.Random(seed)
     con = sqlite3.connect(path)
     con.execute("""CREATE TABLE orders_flat (
@@ -34,8 +36,10 @@ def build(path, seed):
             if rnd.random() < 0.08:  # the same line exported twice (split shipment)
                 rows.append((order_no, day.isoformat(), shown_email, shown_name, city, sku, pname, text, rnd.randint(1, 3)))
             con.executemany("INSERT INTO orders_flat VALUES (?,?,?,?,?,?,?,?,?)", rows)
+            written.extend(rows)
     con.commit()
     con.close()
+    return written
 
 
 if __name__ == "__main__":
