@@ -301,10 +301,13 @@ class SandboxRuntime(Protocol):
         (exec channel directories); return how many."""
         ...
 
-    def diff(self, container_id: str, *, base_image: str | None = None) -> list[FsChange]:
+    def diff(
+        self, container_id: str, *, base_image: str | None = None, max_entries: int | None = None
+    ) -> list[FsChange]:
         """What changed in the container's filesystem since its image, or since
         ``base_image`` when its image derives from that one (engine-side, so nothing inside
-        the sandbox can hide a change)."""
+        the sandbox can hide a change). With ``max_entries``, at most ``max_entries + 1``
+        changes are read and returned (more than ``max_entries``: there may be more)."""
         ...
 
     def image_digest(self, image: str) -> str:

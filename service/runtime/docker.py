@@ -56,7 +56,7 @@ from service.errors import (
     PayloadTooLarge,
     SandboxError,
 )
-from service.runtime import cgroups, channel, diskwatch, overlay
+from service.runtime import cgroups, channel, diskwatch, jsonstream, overlay
 from service.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_SANDBOX_ID,
@@ -1390,7 +1390,9 @@ class DockerRuntime:
                 raise _map_error(e, f"inspect of container {container_id}") from e
         return overlay.layers(graph)
 
-    def diff(self, container_id: str, *, base_image: str | None = None) -> list[FsChange]:
+    def diff(
+        self, container_id: str, *, base_image: str | None = None, max_entries: int | None = None
+    ) -> list[FsChange]:
         """The container's filesystem changes against its image, or against ``base_image``
         (an image the container's own derives from: a sandbox forked or resumed from a
         snapshot holds the snapshot's changes in its image's layers).
@@ -1403,6 +1405,10 @@ class DockerRuntime:
         API answers, which knows only the container's own image. Both read engine-side
         state; nothing inside the sandbox can hide a change.
 
+        With ``max_entries``, reading stops after ``max_entries + 1`` changes, on either
+        path: an end state with millions of entries is never held whole (the engine's answer
+        is parsed as it streams, ``jsonstream``).
+
         Raises ``SandboxError`` when ``base_image`` is not below the container's image, or
         is another image and this host cannot read the layers.
         """
@@ -1413,8 +1419,8 @@ class DockerRuntime:
             try:
                 if base_layers:
                     lowers = [d for d in lowers if not d.endswith("-init/diff")]
-                    return overlay.changes_since(upper, lowers, base_layers)
-                return overlay.changes(upper, lowers)
+                    return overlay.changes_since(upper, lowers, base_layers, limit=max_entries)
+                return overlay.changes(upper, lowers, limit=max_entries)
             except ValueError as e:
                 raise SandboxError(f"diff of container {container_id}: {e}") from e
             except OSError as e:
@@ -1426,7 +1432,7 @@ class DockerRuntime:
                 "on the engine's host (overlay2) can read"
             )
         try:
-            rows = self._api.diff(container_id) or []
+            rows = self._engine_diff(container_id, max_entries)
         except docker.errors.APIError as e:
             cause = _explain(e).rsplit(": ", 1)[-1].strip().lower()
             if cause in _END_STATE_CAUSES:
@@ -1439,6 +1445,25 @@ class DockerRuntime:
             raise _map_error(e, f"diff of container {container_id}") from e
         kinds = {0: "modified", 1: "added", 2: "deleted"}
         return [FsChange(r["Path"], kinds[r["Kind"]]) for r in rows]
+
+    def _engine_diff(self, container_id: str, max_entries: int | None) -> list[dict[str, Any]]:
+        """The engine's ``GET /containers/{id}/changes`` rows, parsed as they stream, at most
+        ``max_entries + 1`` of them. Raises ``docker.errors.APIError`` as the SDK does."""
+        api = self._api
+        res = api._get(api._url("/containers/{0}/changes", container_id), stream=True)
+        try:
+            api._raise_for_status(res)
+            rows: list[dict[str, Any]] = []
+            try:
+                for row in jsonstream.array_items(res.iter_content(1 << 16)):
+                    rows.append(row)
+                    if max_entries is not None and len(rows) > max_entries:
+                        break
+            except ValueError as e:
+                raise SandboxError(f"diff of container {container_id}: {e}") from e
+            return rows
+        finally:
+            res.close()
 
     def freeze(self, container_id: str) -> None:
         """Stop everything in the container from running: pause it (cgroup freezer), or,

@@ -135,18 +135,21 @@ def _in_lower(lowers: list[str], rel: str) -> bool:
     return _lower_stat(lowers, rel) is not None
 
 
-def changes(upper: str, lowers: list[str]) -> list[FsChange]:
+def changes(upper: str, lowers: list[str], *, limit: int | None = None) -> list[FsChange]:
     """Changes recorded in an upper directory, in the engine's diff semantics.
 
     A whiteout is a deletion. An entry is added when no lower layer has its path, else
     modified (copied up); a modified entry whose type changed between directory and
     non-directory is marked ``replaced``. A directory marked opaque hides the lower
     directory: each lower child it does not hold again is reported deleted, as the engine's
-    tree comparison does.
+    tree comparison does. With ``limit``, the walk stops once more than ``limit`` changes
+    are found.
     """
     out: list[FsChange] = []
     for dirpath, dirnames, filenames in os.walk(upper):
         for name in sorted(dirnames + filenames):
+            if limit is not None and len(out) > limit:
+                return out[: limit + 1]
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, upper)
             st = os.lstat(full)
@@ -163,10 +166,12 @@ def changes(upper: str, lowers: list[str]) -> list[FsChange]:
                 present = set(os.listdir(full))
                 hidden = _lower_children(lowers, rel)
                 out.extend(FsChange(f"/{rel}/{c}", "deleted") for c in sorted(hidden - present))
-    return out
+    return out if limit is None else out[: limit + 1]
 
 
-def changes_since(upper: str, lowers: list[str], base: list[str]) -> list[FsChange]:
+def changes_since(
+    upper: str, lowers: list[str], base: list[str], *, limit: int | None = None
+) -> list[FsChange]:
     """Changes of the view ``upper`` over ``lowers`` against ``base``, a suffix of
     ``lowers`` (the pristine image's layers), in ``changes``'s semantics.
 
@@ -177,6 +182,9 @@ def changes_since(upper: str, lowers: list[str], base: list[str]) -> list[FsChan
     ``base``: added when ``base`` lacks the path, a deletion of a path ``base`` lacks is no
     change at all, ``replaced`` when the type differs from ``base``'s.
 
+    With ``limit``, a layer with more than ``limit`` changes ends the reading: what was
+    merged so far is returned (more than ``limit`` entries).
+
     Raises ``ValueError`` when ``base`` is not a suffix of ``lowers``.
     """
     if not base or lowers[len(lowers) - len(base) :] != base:
@@ -184,7 +192,10 @@ def changes_since(upper: str, lowers: list[str], base: list[str]) -> list[FsChan
     stack = [upper, *lowers[: len(lowers) - len(base)]]  # top first
     merged: dict[str, FsChange] = {}
     for i in reversed(range(len(stack))):  # oldest first
-        for c in changes(stack[i], stack[i + 1 :] + base):
+        layer = changes(stack[i], stack[i + 1 :] + base, limit=limit)
+        if limit is not None and len(layer) > limit:
+            return layer
+        for c in layer:
             if c.kind == "deleted" or c.replaced:
                 prefix = c.path + "/"
                 for key in [k for k in merged if k.startswith(prefix)]:

@@ -45,7 +45,13 @@ from service.tasks.builds import classify
 from service.tasks.models import Task
 from service.verifiers import toolchain
 from service.verifiers.base import VerifierResult
-from service.verifiers.isolation import VERIFIER_ENV, ChangePlan, add_tests, plan_changes
+from service.verifiers.isolation import (
+    MAX_CHANGED_ENTRIES,
+    VERIFIER_ENV,
+    ChangePlan,
+    add_tests,
+    plan_changes,
+)
 from service.verifiers.observe import OBSERVE_BYTES, SECRET_PATH, Observation, Secret, judge
 from service.verifiers.registry import EndState, register
 
@@ -57,6 +63,9 @@ JSON_PROBLEM = (
     f"reward.json is not a flat object of 1 to {MAX_COMPONENTS} finite numbers with names "
     "of 1 to 64 printable characters"
 )
+# changes read of an end state: past the replay's limit plus the engine's own entries, so an
+# end state over the limit is seen as one, and millions of entries are never held whole
+DIFF_READ_ENTRIES = 2 * MAX_CHANGED_ENTRIES
 SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
 OBSERVER_PATH = "/opt/crucible/py"
 AUDIT_LIBRARY = f"{OBSERVER_PATH}/crucible-audit.so"  # rtld-audit: supervisor/crucible-audit.c
@@ -263,7 +272,9 @@ def verify(
         try:
             # against the pristine image: a sandbox resumed from a checkpoint holds the
             # agent's earlier work in its image's layers, not in its own writable layer
-            changes = runtime.diff(episode_container_id, base_image=pristine_image)
+            changes = runtime.diff(
+                episode_container_id, base_image=pristine_image, max_entries=DIFF_READ_ENTRIES
+            )
         except EndStateUnreadable as e:
             return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0)
         vcid = fresh_sandbox()

@@ -67,3 +67,24 @@ def test_a_listed_change_the_end_state_no_longer_has_is_unreadable_not_an_engine
         assert "overlay2" not in e.value.detail and "/var/lib" not in e.value.detail
         with pytest.raises(EndStateUnreadable):
             list(docker_runtime._engine_entries(cid, path, None))
+
+
+@pytest.mark.parametrize("read_host_layers", [True, False])
+def test_a_diff_reads_no_more_than_it_is_asked_for(
+    docker_runtime: Any, make_sandbox: Callable[..., str], read_host_layers: bool
+) -> None:
+    """The engine's diff answer was read whole (a list of every change, then the verifier
+    counted them): an end state with millions of entries would be held in the control
+    plane's memory at once. With ``max_entries`` both paths stop after one more than that."""
+    from service.runtime.docker import DockerRuntime
+
+    runtime = DockerRuntime(client=docker_runtime._client, read_host_layers=read_host_layers)
+    cid = make_sandbox()
+    make = "mkdir -p /workspace/many && cd /workspace/many && seq 1 3000 | xargs touch"
+    assert runtime.exec(cid, ExecRequest(cmd=["bash", "-c", make], user="0")).exit_code == 0
+    everything = runtime.diff(cid)
+    assert len(everything) > 3000
+    some = runtime.diff(cid, max_entries=100)
+    assert len(some) == 101, len(some)
+    assert {c.path for c in some} <= {c.path for c in everything}
+    assert len(runtime.diff(cid, max_entries=10_000)) == len(everything)
