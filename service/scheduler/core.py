@@ -465,9 +465,15 @@ def complete(
         ):
             suite = plan.item_suite(item, job)
             successor = hooks.degrades_to(suite, item.task_id)
+            why = "; parked (no degrades_to)"
+            if successor is not None and successor in degraded_chain(item):
+                # a task degrading to itself, or a cycle (a -> b -> a), would queue a new
+                # item after every K failures and the job would never end
+                why = f"; parked (degrades_to {successor!r} was already degraded from)"
+                successor = None
             new_state = "degraded" if successor else "parked"
             error = f"failed {attempts} times in a row" + (
-                f"; degraded to {successor}" if successor else "; parked (no degrades_to)"
+                f"; degraded to {successor}" if successor else why
             )
         else:
             new_state = "queued" if attempts < job.max_attempts else "failed"
@@ -527,6 +533,13 @@ def _staleness_flag(job: Job, sched: Schedule | None, version: int | None) -> bo
     return (job.policy_version or version) - version > sched.max_staleness
 
 
+def degraded_chain(item: WorkItem) -> list[str]:
+    """The tasks ``item`` descends from by degradation, oldest first, and its own task last
+    (``meta.chain`` of a successor; a task no item was degraded from is its own chain)."""
+    chain = (item.meta or {}).get("chain")
+    return [*(chain if isinstance(chain, list) else []), item.task_id]
+
+
 def _add_successor(s: Session, job: Job, item: WorkItem, task_id: str, now: datetime) -> None:
     """Queue the degraded item's easier task (same suite, a new group)."""
     new = WorkItem(
@@ -541,7 +554,12 @@ def _add_successor(s: Session, job: Job, item: WorkItem, task_id: str, now: date
         claims=0,
         created_at=now,
         updated_at=now,
-        meta={"origin": "degraded", "degraded_from": item.id, "task": item.task_id},
+        meta={
+            "origin": "degraded",
+            "degraded_from": item.id,
+            "task": item.task_id,
+            "chain": degraded_chain(item),
+        },
     )
     s.add(new)
     s.flush()

@@ -224,6 +224,28 @@ def test_k_failures_degrade_to_the_easier_task_or_park(tenant_db: Database) -> N
     assert job_row.state == "done" and prog["expected_records"] == 2
 
 
+@pytest.mark.parametrize("cycle", [{"a": "a"}, {"a": "b", "b": "a"}])
+def test_a_degradation_cycle_parks_instead_of_queueing_forever(
+    tenant_db: Database, cycle: dict[str, str]
+) -> None:
+    # Regression: a task that degrades to itself (or a -> b -> a) queued a new item after
+    # every K failures, so a job whose policy always fails never ended.
+    hooks = Hooks(degrades_to=lambda s, t: cycle.get(t))
+    job = _job(tenant_db, ["a"], {"order": "fifo", "degrade_after": 1})
+    ran = []
+    for _ in range(4):
+        item = scheduler.claim(tenant_db, P, job.id, worker="w", lease_s=60, hooks=hooks)
+        if item is None:
+            break
+        ran.append(item.task_id)
+        scheduler.complete(tenant_db, P, item.id, worker="w", ok=False, error="x", hooks=hooks)
+    assert ran == ["a", "b"][: len(cycle)], ran
+    prog = scheduler.progress(tenant_db, job.id)
+    assert prog["items"]["parked"] == 1 and prog["items"]["degraded"] == len(cycle) - 1
+    assert "already degraded from" in prog["schedule"]["parked"][0]["reason"]
+    assert scheduler.get_job(tenant_db, P, job.id).state == "done"
+
+
 def test_long_tail_timeout_requeues_with_an_attempt(tenant_db: Database) -> None:
     job = _job(
         tenant_db,
