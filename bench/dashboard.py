@@ -5,17 +5,18 @@ Seeds a fresh database (embedded SQLite by default; ``--database-url`` for Postg
 directly: audit events with a valid hash chain (``service.audit.canonical_hash``), sandboxes,
 episodes, records (``rewards.store``) and jobs over 10 tenants. Then signs in through the
 real form and times each page in process (``TestClient``: no network), ``--runs`` times
-after one warm-up, as an admin (every tenant's rows) and as one tenant. Prints p50 and max
-in milliseconds per page; the budget is 300 ms.
+after one warm-up, as an admin (every tenant's rows) and as one tenant. Prints p50 and p99
+in milliseconds per page, and each p99 as a share of the 300 ms budget (1.00 is the budget).
 
 The anomaly monitor's results are computed at most once per refresh interval
 (``dashboard_refresh_s``, 3 s) and kept while the records are unchanged
-(``service.dashboard.monitor``), so the timed runs find them cached; with
-``--refresh-s 0.000001`` every request computes them again (the first request of an
-interval in which records arrived).
+(``service.dashboard.monitor``), so most requests find them cached. Each page is timed
+twice: with that cache (``cached``), and with a cache that computes them again on every
+request (``recomputed``: what the first request of an interval in which records arrived
+pays). ``--monitor`` picks one.
 
-    .venv/bin/python bench/dashboard.py [--events 100000] [--records 10000] [--database-url URL]
-        [--refresh-s S]
+    .venv/bin/python bench/dashboard.py [--events 100000] [--records 10000] [--runs 20]
+        [--database-url URL] [--refresh-s S] [--monitor cached|recomputed|both]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from service.app import create_app
 from service.audit import canonical_hash
 from service.config import Settings
 from service.context import ServiceContext
+from service.dashboard.monitor import MonitorCache
 from service.db.models import AuditChain, AuditEvent, Episode, Job, Sandbox
 from service.rewards import PolicyInfo, RewardRecord, TurnRecord, VerifierInfo
 
@@ -234,14 +236,47 @@ def time_pages(client: TestClient, urls: dict[str, str], runs: int) -> dict[str,
     return out
 
 
+def p99(ms: list[float]) -> float:
+    """The 99th percentile (inclusive method: the largest value for fewer than 100 runs
+    is weighed, never exceeded)."""
+    return statistics.quantiles(ms, n=100, method="inclusive")[98] if len(ms) > 1 else ms[0]
+
+
+def figures_table(
+    title: str, results: dict[str, dict[str, list[float]]]
+) -> tuple[Table, float, str]:
+    """A table of p50, p99 and p99 / budget per page for the admin and the tenant; also the
+    worst p99 and the page it was seen on."""
+    table = Table(title=title)
+    for col in ("page", "admin p50", "admin p99", "/budget", "tenant p50", "tenant p99", "/budget"):
+        table.add_column(col, justify="left" if col == "page" else "right")
+    worst, where = 0.0, ""
+    for name in results["admin"]:
+        row = [name]
+        for who in ("admin", "t0"):
+            ms = results[who][name]
+            q = p99(ms)
+            if q > worst:
+                worst, where = q, f"{name} ({'admin' if who == 'admin' else 'tenant'})"
+            ratio = q / BUDGET_MS
+            row += [
+                f"{statistics.median(ms):.1f}",
+                f"{q:.1f}",
+                f"{'[red]' if ratio > 1 else ''}{ratio:.2f}",
+            ]
+        table.add_row(*row)
+    return table, worst, where
+
+
 def main() -> None:
     """Seed, time, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--records", type=int, default=10_000)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--database-url", default=None)
     ap.add_argument("--refresh-s", type=float, default=None, help="dashboard_refresh_s")
+    ap.add_argument("--monitor", choices=("cached", "recomputed", "both"), default="both")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="crucible-bench-dash-"))
     settings = Settings(
@@ -261,48 +296,43 @@ def main() -> None:
         }
     t = time.perf_counter()
     ids = seed(ctx, events=args.events, records=args.records, rng=random.Random(7))
-    console = Console()
+    console = Console(width=max(Console().width, 100))
     console.print(
         f"seeded {args.events} audit events, {args.records} records and episodes in "
         f"{time.perf_counter() - t:.1f} s ({ctx.db.engine.dialect.name})"
     )
-    table = Table(
-        title=f"dashboard pages, ms (budget {BUDGET_MS:.0f} ms), {args.runs} runs, "
-        f"refresh {settings.dashboard_refresh_s:g} s"
-    )
-    for col in ("page", "admin p50", "admin max", "tenant p50", "tenant max"):
-        table.add_column(col, justify="left" if col == "page" else "right")
-    results = {}
-    app = create_app(ctx=ctx, maintain_pools=False)
-    for who in ("admin", "t0"):
-        with TestClient(app, base_url="http://127.0.0.1") as client:
-            sign_in(client, keys[who])
-            tenant_ids = (
-                ids
-                if who == "admin"
-                else {
-                    **ids,
-                    "sandbox": "sb_bench00000000",
-                    "episode": "ep_bench00000000",
-                    "job": "jb_bench0000",
-                }
-            )
-            results[who] = time_pages(client, pages(tenant_ids), args.runs)
-    worst = 0.0
-    for name in results["admin"]:
-        a, b = results["admin"][name], results["t0"][name]
-        worst = max(worst, max(a), max(b))
-        table.add_row(
-            name,
-            f"{statistics.median(a):.1f}",
-            f"{max(a):.1f}",
-            f"{statistics.median(b):.1f}",
-            f"{max(b):.1f}",
+    modes = ("cached", "recomputed") if args.monitor == "both" else (args.monitor,)
+    worst_all: list[tuple[float, str]] = []
+    for mode in modes:
+        app = create_app(ctx=ctx, maintain_pools=False)
+        if mode == "recomputed":  # fresh for 0 s, kept for 0 s: computed on every request
+            app.state.dashboard_monitor = MonitorCache(0.0, 0.0)
+        results = {}
+        for who in ("admin", "t0"):
+            with TestClient(app, base_url="http://127.0.0.1") as client:
+                sign_in(client, keys[who])
+                tenant_ids = (
+                    ids
+                    if who == "admin"
+                    else {
+                        **ids,
+                        "sandbox": "sb_bench00000000",
+                        "episode": "ep_bench00000000",
+                        "job": "jb_bench0000",
+                    }
+                )
+                results[who] = time_pages(client, pages(tenant_ids), args.runs)
+        table, worst, where = figures_table(
+            f"dashboard pages, ms, {args.runs} runs, anomaly monitor {mode} "
+            f"(refresh {settings.dashboard_refresh_s:g} s); /budget: p99 / {BUDGET_MS:.0f} ms",
+            results,
         )
-    console.print(table)
+        console.print(table)
+        worst_all.append((worst, f"{where}, monitor {mode}"))
+    worst, where = max(worst_all)
     console.print(
-        f"slowest page: {worst:.1f} ms ({'within' if worst <= BUDGET_MS else 'OVER'} "
-        f"the {BUDGET_MS:.0f} ms budget)"
+        f"slowest p99: {worst:.1f} ms = {worst / BUDGET_MS:.2f} of the {BUDGET_MS:.0f} ms "
+        f"budget ({where}): {'within' if worst <= BUDGET_MS else 'OVER'} budget"
     )
 
 

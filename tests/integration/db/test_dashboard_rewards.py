@@ -1,6 +1,6 @@
-"""The rewards page's SQL aggregates give exactly the figures of a plain pass over the
-records (issue 13: the page counts in SQL instead of decoding 10,000 rows), on SQLite and
-PostgreSQL; and the dashboard's anomaly cache follows new records."""
+"""The rewards page's aggregates give exactly the figures of a plain pass over the records
+(issue 13: the page counts in one pass over undecoded rows on SQLite, in SQL on PostgreSQL;
+each way is checked on both), and the dashboard's anomaly cache follows new records."""
 
 from __future__ import annotations
 
@@ -123,26 +123,41 @@ def _plain(rows: list[Any], threshold: float = 1.0) -> dict[str, Any]:
                 flat_group_share=sum(s == 0.0 for s in stds) / len(stds) if stds else None,
             )
         )
-    return {"n": len(rows), "width": width, "plots": plots, "hists": hists, "tasks": tasks}
+    return {
+        "n": len(rows),
+        "width": width,
+        "plots": plots,
+        "hists": hists,
+        "tasks": tasks,
+        "oldest": rows[0].created_at,
+        "newest": rows[-1].created_at,
+    }
 
 
+@pytest.mark.parametrize(
+    "how",
+    [
+        reward_queries.aggregates,  # SQLite: in Python; PostgreSQL: in SQL
+        reward_queries._counted_in_python,  # each way on each database
+        reward_queries._counted_in_sql,
+    ],
+)
 @pytest.mark.parametrize(
     ("tenant", "domain", "limit"),
     [(None, None, 10_000), (None, None, 150), ("acme", None, 10_000), (None, "document", 60)],
 )
 def test_aggregates_equal_a_plain_pass_over_the_records(
-    db: Database, tenant: str | None, domain: str | None, limit: int
+    db: Database, tenant: str | None, domain: str | None, limit: int, how: Any
 ) -> None:
     _seed(db)
     want = _plain(_rows(db, tenant, domain, limit))
-    agg = reward_queries.aggregates(
-        db,
-        tenant=tenant,
-        domain=domain,
-        bucket_width=stats.bucket_width_s,
-        threshold=anomaly.DEFAULT_PASS_THRESHOLD,
-        limit=limit,
+    kw = dict(bucket_width=stats.bucket_width_s, threshold=anomaly.DEFAULT_PASS_THRESHOLD)
+    agg = (
+        how(db, tenant=tenant, domain=domain, limit=limit, **kw)
+        if how is reward_queries.aggregates
+        else how(db, tenant, domain, kw["bucket_width"], kw["threshold"], limit)
     )
+    assert (agg.oldest, agg.newest) == (want["oldest"], want["newest"])
     assert agg.n == want["n"]
     assert agg.bucket_s == want["width"] == 300
     assert len(want["plots"]["domain"][domain or "cad"]) > 10
@@ -154,11 +169,10 @@ def test_aggregates_equal_a_plain_pass_over_the_records(
     assert any(t.flat_group_share for t in got) and any(t.mean_group_std for t in got)
 
 
-def test_aggregates_of_nothing(db: Database) -> None:
+@pytest.mark.parametrize("how", [reward_queries._counted_in_python, reward_queries._counted_in_sql])
+def test_aggregates_of_nothing(db: Database, how: Any) -> None:
     _seed(db, n=8)
-    agg = reward_queries.aggregates(
-        db, tenant="nobody", domain=None, bucket_width=stats.bucket_width_s, threshold=1.0
-    )
+    agg = how(db, "nobody", None, stats.bucket_width_s, 1.0, reward_queries.LIMIT)
     assert (agg.n, agg.cells, agg.statuses, agg.rewards, agg.groups) == (0, [], [], [], [])
     assert agg.bucket_s == stats.BUCKET_WIDTHS_S[0]
 
