@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service import rewards
+from service.tasks.loader import load_suite
 from tests.integration.api.conftest import Stack
 from tests.redteam import episodes
 from tests.redteam.episodes import sh, verify
@@ -117,9 +119,10 @@ def test_a_signal_the_tests_child_chose_is_not_in_the_public_verdict(stack: Stac
 
 
 # In a real sandbox, as the verifier runs it: a root shell with the sandbox's capabilities
-# starts a server without DAC_OVERRIDE before the session (as test.sh may), then the judge's
+# starts a server without DAC_OVERRIDE before the session (as test.sh may); the judge's
 # process starts a privileged helper, restricts its children as the observer does, starts a
-# child and a daemon of its own session, and ends the session's leftovers.
+# fixture's server, then (a test's call) a child and a daemon, and ends the call's leftovers,
+# then the session's.
 OBSERVER = "import sys; sys.path.insert(0, '/opt/crucible/py'); import crucible_observer as c\n"
 SERVER = (
     OBSERVER
@@ -131,21 +134,26 @@ LEFTOVERS = (
     + r"""
 import subprocess, time
 quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-helper = subprocess.Popen(["sleep", "302"], **quiet)
-c._restrict_children()
-child = subprocess.Popen(["sleep", "300"], **quiet)
-daemon = subprocess.Popen(["bash", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $!"],
-                          stdout=subprocess.PIPE, text=True)
-daemon_pid = int(daemon.stdout.readline())
-time.sleep(0.3)
-print("ended", c.end_leftovers())
-time.sleep(0.2)
 def alive(pid):
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
     except OSError:
         return False
-print("child", alive(child.pid), "daemon", alive(daemon_pid), "helper", alive(helper.pid))
+helper = subprocess.Popen(["sleep", "302"], **quiet)
+c._restrict_children()
+fixture = subprocess.Popen(["sleep", "304"], **quiet)  # a fixture's server, set up before
+mark = c.leftover_mark()  # a test's call begins
+child = subprocess.Popen(["sleep", "300"], **quiet)
+daemon = subprocess.Popen(["bash", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $!"],
+                          stdout=subprocess.PIPE, text=True)
+daemon_pid = int(daemon.stdout.readline())
+time.sleep(0.3)
+print("call ended", c.end_leftovers(mark))
+time.sleep(0.2)
+print("child", alive(child.pid), "daemon", alive(daemon_pid), "fixture", alive(fixture.pid))
+print("session ended", c.end_leftovers())
+time.sleep(0.2)
+print("fixture", alive(fixture.pid), "helper", alive(helper.pid))
 helper.kill()
 """
 )
@@ -164,6 +172,49 @@ def test_the_sessions_leftovers_end_and_what_came_before_stays(
     )
     res = docker_runtime.exec(cid, ExecRequest(cmd=["bash", "-c", script], user="0", timeout_s=60))
     out = (res.stdout + res.stderr).decode()
-    assert "child False daemon False helper True" in out, out
+    # what the test's call started ends with it; the fixture's server outlives the call
+    assert "child False daemon False fixture True" in out, out
+    assert "call ended 2" in out or "call ended 3" in out, out  # (and the daemon's bash)
+    # the session's end ends the rest it started; a privileged helper is never touched
+    assert "session ended 1" in out and "fixture False helper True" in out, out
     assert "server True" in out, out  # started before the session: test.sh's, left alone
-    assert "ended 2" in out or "ended 3" in out, out  # the child, the daemon (and its bash)
+
+
+JUDGE_STATE = Path(__file__).resolve().parents[1] / "fixtures" / "tasks" / "judge-state"
+# Right on its first call (the one dataset it could have seen), then "0" for every other;
+# the first call leaves a daemon that empties every dataset the tests wrote up front.
+CROSS_TEST = r"""#!/bin/bash
+if mkdir /tmp/.first-call 2>/dev/null; then
+  awk '{ s += $1 } END { print s + 0 }' "$1" > "$2"
+  empty='while :; do for f in $(dirname "$0")/in*.txt; do : > "$f"; done; sleep 0.01; done'
+  setsid bash -c "$empty" "$1" </dev/null >/dev/null 2>&1 &
+  exit 0
+fi
+echo 0 > "$2"
+"""
+
+
+@pytest.mark.parametrize("script", ["oracle", "cross-test-daemon"])
+def test_a_daemon_one_test_left_never_reaches_the_next(stack: Stack, script: str) -> None:
+    """The daemon the first test's program leaves empties the datasets the later tests read
+    back (a task whose tests trust the disk between tests): before each test's leftovers
+    were ended after its call, every test passed (1.0 for a program right on one input)."""
+    stack.ctx.tasks.add_suite(load_suite(JUDGE_STATE))
+    ep = episodes.start(stack, "cross-test-daemon", "judge-state")
+    if script == "oracle":
+        sh(stack, ep, (JUDGE_STATE / "cross-test-daemon" / "solution" / "solve.sh").read_text())
+    else:
+        _install_at(stack, ep, "/app/sum.sh", CROSS_TEST)
+    rec = verify(stack, ep)
+    v = rec["verifier"]
+    assert v["status"] == "ok", v
+    if script == "oracle":
+        assert rec["reward"] == 1.0, v
+        return
+    assert rec["reward"] == 0.0, (v, _private(stack, ep))
+    assert v["details"]["tests"] == {"sessions": 1, "total": 3, "passed": 1, "failed": 2}, v
+    assert _private(stack, ep)["leftovers_killed"] >= 1
+
+
+def _install_at(stack: Stack, ep: dict[str, Any], path: str, script: str) -> None:
+    sh(stack, ep, f"cat > {path} <<'EOS'\n{script}EOS\nchmod 755 {path}\n")

@@ -154,6 +154,7 @@ class _Observer:
         self.rng = random.Random(f"{seed}/{self.index}/{key}")
         self.canaries = {}  # nodeid -> "pass" | "fail"
         self.phases = {}  # nodeid -> outcome so far
+        self.leftovers = 0  # processes ended after the tests that started them
 
     def agent_code(self, path: str, how: str) -> None:
         """Report agent-written code about to run in this process (``crucible_guard``'s
@@ -204,6 +205,13 @@ class _Observer:
         runtestprotocol(item, nextitem=nextitem, log=False)
         return True
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):  # noqa: ANN001, ANN201
+        """What the test's call started is ended when it returns (``end_leftovers``)."""
+        mark = leftover_mark()
+        yield
+        self.leftovers += end_leftovers(mark)
+
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item, call):  # noqa: ANN001, ANN201
         outcome = yield
@@ -250,8 +258,8 @@ class _Observer:
     def pytest_sessionfinish(self, session, exitstatus) -> None:  # noqa: ANN001
         for nodeid in list(self.phases):
             self._finish(nodeid)
-        ended = end_leftovers()
-        self.send("end", exitstatus=int(exitstatus), leftovers=ended)
+        self.leftovers += end_leftovers()
+        self.send("end", exitstatus=int(exitstatus), leftovers=self.leftovers)
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -416,26 +424,51 @@ def _started(pid: str):  # noqa: ANN202
         return None
 
 
-def end_leftovers() -> int:
+def leftover_mark():  # noqa: ANN201
+    """(the last pid this pid namespace gave out, now in clock ticks since boot): what
+    ``end_leftovers`` ends is what started after it."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = max((int(e) for e in os.listdir("/proc") if e.isdigit()), default=0)
+    try:
+        with open("/proc/uptime") as f:
+            ticks = int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        ticks = 0
+    return last, ticks
+
+
+def end_leftovers(mark=None) -> int:  # noqa: ANN001
     """Stop and kill (``SIGSTOP``, then ``SIGKILL``) every process of the sandbox that runs
-    without ``CAP_DAC_OVERRIDE`` and started after this session's process did, i.e. every
-    program the tests started (their children lose it, ``_restrict_children``) and what
-    those left behind, once the session's tests are done: none of them outlives the tests
-    into what ``test.sh`` and the verifier read next (a trial's daemon rewrote
-    ``reward.txt`` after ``test.sh`` wrote it). What ``test.sh`` started before the session
-    (a server the tests talk to, for this session and the next) is left alone. Rounds
-    repeat until a scan finds none (a process forked mid-round is caught by the next) or
-    ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does nothing when the
-    task declared ``children_privileged`` (its children keep the capability) or this
-    process lacks it."""
+    without ``CAP_DAC_OVERRIDE`` and started after ``mark`` (``leftover_mark``; default:
+    this session's process), i.e. what the tests started (their children lose it,
+    ``_restrict_children``) and what those left behind. The observer calls it after each
+    test's call (what that test started; a fixture's server, started in a setup, is left)
+    and when the session's tests are done (everything the session started): nothing the
+    agent's programs leave acts on the next test's inputs or on what ``test.sh`` and the
+    verifier read next (a trial's daemon truncated later tests' inputs, another rewrote
+    ``reward.txt`` after ``test.sh`` wrote it). What ``test.sh`` started before the
+    session (a server for this session and the next) is left alone.
+
+    After the mark: a pid above the mark's (pids are handed out in order) and a start no
+    earlier than its time (so a pid reused after a wrap is not mistaken for a new one).
+    Rounds repeat until a scan finds none (a process forked mid-round is caught by the
+    next) or ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does nothing
+    when the task declared ``children_privileged`` (its children keep the capability) or
+    this process lacks it."""
     import signal
     import time
 
     if os.environ.get("CRUCIBLE_CHILDREN_PRIVILEGED") == "1":
         return 0
-    me, since = _status("self"), _started("self")
-    if me is None or since is None or not me[2] & _CAP_DAC_OVERRIDE:
+    me = _status("self")
+    if me is None or not me[2] & _CAP_DAC_OVERRIDE:
         return 0
+    if mark is None:
+        mark = (os.getpid(), _started("self") or 0)
+    after_pid, since = mark
     keep, pid = {1, os.getpid()}, me[1]
     while pid > 1 and pid not in keep:  # this process's ancestors: test.sh, the supervisor
         keep.add(pid)
@@ -446,10 +479,10 @@ def end_leftovers() -> int:
     while time.monotonic() < deadline:
         found = []
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in keep:
+            if not entry.isdigit() or int(entry) <= after_pid or int(entry) in keep:
                 continue
             st, born = _status(entry), _started(entry)
-            if st is None or born is None or born <= since:  # started before this session
+            if st is None or born is None or born < since:  # a pid reused after a wrap
                 continue
             if st[0] in ("Z", "X") or st[2] & _CAP_DAC_OVERRIDE:
                 continue
