@@ -59,6 +59,7 @@ NAME = "terminal"
 VERSION = "2"
 MAX_REPORT_BYTES = 1 << 20
 MAX_COMPONENTS = 32
+REWARD_FILE_PROBLEM = "the reward file is missing or not a finite number in [0, 1]"
 JSON_PROBLEM = (
     f"reward.json is not a flat object of 1 to {MAX_COMPONENTS} finite numbers with names "
     "of 1 to 64 printable characters"
@@ -186,10 +187,12 @@ def score(
     directly). See the module docstring for the rule.
 
     What a tenant sees is built from what the observer saw (counts, a fixed reason): the
-    test command's exit code, the reward file's values (unless every observed test passed)
-    and every agent-written path but the first are in ``details["private"]``, since the
-    tests' children can set them to anything they read in the run (a trial leaked the
-    hidden expected output as digits of the reward file's value).
+    test command's exit code, the reward file's value (unless every observed test passed),
+    its problem and its named components, and every agent-written path but the first are
+    in ``details["private"]``, since the tests' children can set them to anything they
+    read in the run (a trial leaked the hidden expected output as digits of the reward
+    file's value, another the hidden tests as reward.json's names). A task whose children
+    keep their capabilities (``children_privileged``) is scored with ``trusted = false``.
     """
     private: dict[str, Any] = {"test_exit_code": exit_code}
     details: dict[str, Any] = {"tests": obs.summary(), "private": private}
@@ -228,9 +231,17 @@ def score(
     else:
         file_reward, comps, problem = parse_reward(reward_txt, reward_json)
     if problem or file_reward is None:
-        return _zero("reward_file", problem or "no reward", None, **details)
+        # one public text for every problem: which one it was is the children's to choose
+        private["reward_file_problem"] = problem or "no reward"
+        return _zero("reward_file", REWARD_FILE_PROBLEM, None, **details)
     reward = min(file_reward, cap)
-    from_file = {**{f"file.{k}": v for k, v in comps.items()}, "reward_file": file_reward}
+    # reward.json's names are free text the children may write: never public
+    private["reward_file_components"] = {f"file.{k}": v for k, v in comps.items()}
+    from_file = {"reward_file": file_reward}
+    if check.children_privileged:
+        # the tests' children kept every capability: they could read the tests and the
+        # keys, so the outcome is theirs to say (a trial's root login shell did)
+        details["trusted"] = False
     if file_reward > cap + 1e-9:
         private["reward_file_above_observed"] = True
     components = {

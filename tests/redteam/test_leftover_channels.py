@@ -218,3 +218,58 @@ def test_a_daemon_one_test_left_never_reaches_the_next(stack: Stack, script: str
 
 def _install_at(stack: Stack, ep: dict[str, Any], path: str, script: str) -> None:
     sh(stack, ep, f"cat > {path} <<'EOS'\n{script}EOS\nchmod 755 {path}\n")
+
+
+# A process whose thread-group leader ended alone (SYS_exit) while a worker thread goes on:
+# /proc shows the leader as a zombie (a sixth trial's daemon hid from the sweep that way).
+ZOMBIE_LEADER = r"""
+import ctypes, threading, time
+def work():
+    while True:
+        open("/tmp/.beat", "w").write(str(time.time()))
+        time.sleep(0.01)
+threading.Thread(target=work).start()
+time.sleep(0.1)
+open("/tmp/.ready", "w").write("1")
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: this thread only
+"""
+ZOMBIE_JUDGE = (
+    OBSERVER
+    + r"""
+import os, subprocess, time
+c._restrict_children()
+mark = c.leftover_mark()
+p = subprocess.Popen(["python3", "-c", ZOMBIE_LEADER])
+while not os.path.exists("/tmp/.ready"):
+    time.sleep(0.01)
+time.sleep(0.1)
+state = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+print("leader", state, "live", c._live(str(p.pid), state))
+print("ended", c.end_leftovers(mark))
+time.sleep(0.3)
+state = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+beat = os.stat("/tmp/.beat").st_mtime
+time.sleep(0.3)
+print("live", c._live(str(p.pid), state), "beating", os.stat("/tmp/.beat").st_mtime != beat)
+# pids that wrapped around: a process started after the mark with a lower pid is still ended
+wrapped = (10**9, c.leftover_mark()[1])
+time.sleep(0.05)
+q = subprocess.Popen(["sleep", "300"])
+time.sleep(0.05)
+print("wrapped ended", c.end_leftovers(wrapped))
+"""
+)
+
+
+def test_a_process_whose_leader_ended_alone_is_still_ended(
+    docker_runtime: Any, make_sandbox: Any
+) -> None:
+    from service.runtime.base import ExecRequest
+
+    cid = make_sandbox()
+    code = ZOMBIE_JUDGE.replace("ZOMBIE_LEADER", repr(ZOMBIE_LEADER))
+    res = docker_runtime.exec(cid, ExecRequest(cmd=["python3", "-c", code], user="0", timeout_s=60))
+    out = (res.stdout + res.stderr).decode()
+    assert "leader Z live True" in out, out  # what the sweep saw before as gone
+    assert "ended 1" in out and "live False beating False" in out, out
+    assert "wrapped ended 1" in out, out

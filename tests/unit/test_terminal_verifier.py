@@ -397,13 +397,52 @@ def test_what_a_failed_run_shows_of_its_reward_file_is_fixed(
     assert "test_exit_code" not in public
 
 
-def test_a_run_whose_tests_all_passed_shows_the_task_rubric() -> None:
+def test_a_reward_files_names_and_problems_are_never_public() -> None:
+    """A sixth trial wrote the hidden test file into reward.json's names (31 keys of 64
+    characters) on a run whose tests all passed, and told digits apart by which reward file
+    problem the record named. The names and the problem are private; the value is public
+    only when every observed test passed."""
     r = score(
         CHECK,
         observed("passed", "passed", "passed"),
         exit_code=0,
         reward_txt=None,
-        reward_json=b'{"reward": 0.75, "style": 0.5}',
+        reward_json=b'{"reward": 0.75, "def test_hidden(): assert x == 607904": 0.5}',
     )
     assert r.reward == 0.75
-    assert r.components["reward_file"] == 0.75 and r.components["file.style"] == 0.5
+    assert r.components == {
+        "observed_cap": 1.0,
+        "tests_total": 3.0,
+        "tests_passed": 3.0,
+        "reward_file": 0.75,
+    }
+    assert "607904" not in json.dumps({k: v for k, v in r.details.items() if k != "private"})
+    assert r.details["private"]["reward_file_components"] == {
+        "file.reward": 0.75,
+        "file.def test_hidden(): assert x == 607904": 0.5,
+    }
+    reasons = set()
+    for txt in (b"x", b"7", b"nan", None):
+        z = score(
+            CHECK,
+            observed("passed", "failed", "failed"),
+            exit_code=1,
+            reward_txt=txt,
+            reward_json=None,
+        )
+        reasons.add(z.details["reason"])
+        assert z.details["private"]["reward_file_problem"]
+    assert len(reasons) == 1, reasons
+
+
+def test_a_task_whose_children_keep_their_capabilities_is_not_evidence() -> None:
+    """A sixth trial's root login shell (``runuser -l`` of a uid-0 alias in the end state's
+    passwd, on a task that keeps its children's capabilities) read the tests and wrote the
+    reward: such a run's records say ``trusted = false``."""
+    privileged = TerminalCheck(**{**CHECK.__dict__, "children_privileged": True})
+    obs = observed("passed", "passed", "passed")
+    r = score(privileged, obs, exit_code=0, reward_txt=b"1", reward_json=None)
+    assert (r.reward, r.details["trusted"]) == (1.0, False)
+    assert (
+        "trusted" not in score(CHECK, obs, exit_code=0, reward_txt=b"1", reward_json=None).details
+    )

@@ -206,6 +206,14 @@ class _Observer:
         return True
 
     @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtestloop(self, session):  # noqa: ANN001, ANN201
+        """Once every test has run, what the session started is ended, before any plugin
+        writes a report (JUnit's, in its ``pytest_sessionfinish``, holds every assertion's
+        expected value: a trial's daemon read it there)."""
+        yield
+        self.leftovers += end_leftovers()
+
+    @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):  # noqa: ANN001, ANN201
         """What the test's call started is ended when it returns (``end_leftovers``)."""
         mark = leftover_mark()
@@ -413,6 +421,26 @@ def _status(pid: str):  # noqa: ANN202
     return state, ppid, caps
 
 
+def _live(pid: str, state: str) -> bool:
+    """Whether any thread of ``pid`` still runs: a thread-group leader that ended alone
+    (``SYS_exit``) shows ``Z`` while its other threads go on (a trial's daemon hid from the
+    sweep that way), so a zombie counts as gone only when every one of its threads is."""
+    if state not in ("Z", "X"):
+        return True
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 def _started(pid: str):  # noqa: ANN202
     """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or
     None (gone)."""
@@ -452,8 +480,10 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
     ``reward.txt`` after ``test.sh`` wrote it). What ``test.sh`` started before the
     session (a server for this session and the next) is left alone.
 
-    After the mark: a pid above the mark's (pids are handed out in order) and a start no
-    earlier than its time (so a pid reused after a wrap is not mistaken for a new one).
+    After the mark: started in a later clock tick than the mark's, or in the same tick
+    with a pid above the mark's (pids are handed out in order; a program that burns pids
+    to wrap them around still starts later). Every thread counts: a group whose leader
+    ended alone is signalled while another thread runs (``_live``).
     Rounds repeat until a scan finds none (a process forked mid-round is caught by the
     next) or ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does nothing
     when the task declared ``children_privileged`` (its children keep the capability) or
@@ -479,12 +509,14 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
     while time.monotonic() < deadline:
         found = []
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) <= after_pid or int(entry) in keep:
+            if not entry.isdigit() or int(entry) in keep:
                 continue
             st, born = _status(entry), _started(entry)
-            if st is None or born is None or born < since:  # a pid reused after a wrap
+            if st is None or born is None or born < since:
                 continue
-            if st[0] in ("Z", "X") or st[2] & _CAP_DAC_OVERRIDE:
+            if born == since and int(entry) <= after_pid:
+                continue  # the same tick as the mark, and older than it
+            if st[2] & _CAP_DAC_OVERRIDE or not _live(entry, st[0]):
                 continue
             found.append(int(entry))
         if not found:

@@ -86,13 +86,32 @@ def test_deploy_keys():
     assert _owner(pub) == ("alice", "alice") and stat.S_IMODE(pub.st_mode) == 0o644
 
 
+USERS = {"alice": 1001, "bob": 1002, "carol": 1003}  # the image's (environment/setup.sh)
+
+
+def _identities_are_the_images():
+    """The users the tests switch to are the image's, before `runuser` looks them up by name:
+    one entry per name, no second uid 0, each with its uid, home and login shell (a trial put a
+    uid-0 "alice" first in /etc/passwd, and `runuser -l alice` ran the end state's profile as
+    root with every capability)."""
+    entries = [line.split(":") for line in pathlib.Path("/etc/passwd").read_text().splitlines() if line]
+    names = [e[0] for e in entries]
+    assert len(names) == len(set(names)), "a user name is listed twice in /etc/passwd"
+    assert [e[0] for e in entries if e[2] == "0"] == ["root"], "only root may have uid 0"
+    for name, uid in USERS.items():
+        (entry,) = [e for e in entries if e[0] == name]
+        assert (int(entry[2]), entry[5], entry[6]) == (uid, f"/home/{name}", "/bin/bash"), name
+
+
 def test_alice_login_umask():
+    _identities_are_the_images()
     r = subprocess.run(["runuser", "-l", "alice", "-c", "umask"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "0007"
 
 
 def test_collaboration_works():
+    _identities_are_the_images()
     probe = S / "shared/q2/.probe_by_bob"
     try:
         r = subprocess.run(
