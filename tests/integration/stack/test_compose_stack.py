@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -43,6 +44,12 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Comp
 def _docker(*args: str) -> list[str]:
     out = subprocess.run(["docker", *args], capture_output=True, text=True, check=True).stdout
     return [line for line in out.split() if line]
+
+
+def _compose_bin() -> list[str]:
+    """The compose ``scripts/stack.sh up`` used (and may have installed): docker-compose
+    1.29 when on PATH, else the compose v2 plugin (``docker compose``)."""
+    return ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
 
 
 def _records(url: str, key: str, job_id: str) -> list[dict]:
@@ -87,7 +94,6 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
     for line in exports.splitlines():
         name, _, value = line.removeprefix("export ").partition("=")
         env[name] = shlex.split(value)[0] if value else ""
-    compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml")]
     url1 = f"http://127.0.0.1:{env['CRUCIBLE_STACK_PORT_1']}"
     url2 = f"http://127.0.0.1:{env['CRUCIBLE_STACK_PORT_2']}"
     prom = f"http://127.0.0.1:{env['CRUCIBLE_STACK_PROMETHEUS_PORT']}"
@@ -97,6 +103,7 @@ def test_stack_runs_a_job_through_a_replica_kill(tmp_path: Path) -> None:
         up = _run([str(ROOT / "scripts/stack.sh"), "up"], env, 900)
         assert up.returncode == 0, up.stderr[-3000:]
         timings["up_s"] = time.monotonic() - t0
+        compose = [*_compose_bin(), "-p", project, "-f", str(ROOT / "docker-compose.yml")]
         key = next(ln.split()[-1] for ln in up.stdout.splitlines() if ln.startswith("admin key"))
         for url in (url1, url2):
             ready = httpx.get(f"{url}/readyz", timeout=10).json()
