@@ -39,6 +39,7 @@ from typing import Any, Literal
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Float, case, cast, func, literal, select
+from sqlalchemy.orm import aliased
 
 from service.db.engine import Database
 from service.db.models import RewardRecordRow
@@ -235,41 +236,67 @@ def _scope(
 ) -> list[Anomaly]:
     R = RewardRecordRow
     key_col = R.task_id if scope == "task" else R.domain
-    threshold = (
-        case(
-            {d: literal(float(t), Float) for d, t in pass_thresholds.items()},
-            value=R.domain,
-            else_=literal(float(pass_threshold), Float),
+    # Per key: its verified records' count and passes (one GROUP BY), and those of its
+    # newest ``window`` (and next ``max_history``) ones, each a LIMIT over an index of the
+    # key newest first (``ix_rewards_task_rank``, ``ix_rewards_domain_plot``), correlated
+    # with the key. The history is the rest. Ranking every record with a window function
+    # instead (row_number over the key, newest first) sorted them all: about 20 ms per
+    # scope at 10,000 records on SQLite, against about 2.
+    r = aliased(R, name="ranked")
+    r_key = r.task_id if scope == "task" else r.domain
+
+    def passed(row: Any) -> Any:
+        """1 when a record of ``row`` (the table or its alias) passes, else 0."""
+        t = (
+            case(
+                {d: literal(float(v), Float) for d, v in pass_thresholds.items()},
+                value=row.domain,
+                else_=literal(float(pass_threshold), Float),
+            )
+            if pass_thresholds
+            else literal(float(pass_threshold), Float)
         )
-        if pass_thresholds
-        else literal(float(pass_threshold), Float)
+        return case((cast(row.reward, Float) >= t, 1), else_=0)
+
+    def verified(row: Any) -> list[Any]:
+        """The conditions of a verified record of the scope's tenant."""
+        cond = [row.status == "ok", row.reward.is_not(None)]
+        return cond + ([row.tenant_id == tenant_id] if tenant_id is not None else [])
+
+    totals = (
+        select(key_col.label("key"), func.count().label("n"), func.sum(passed(R)).label("x"))
+        .where(*verified(R))
+        .group_by(key_col)
+        .subquery("totals")
     )
-    rn = func.row_number().over(
-        partition_by=key_col, order_by=(R.created_at.desc(), R.record_id.desc())
-    )
-    ranked = select(
-        key_col.label("key"),
-        case((cast(R.reward, Float) >= threshold, 1), else_=0).label("passed"),
-        rn.label("rn"),
-    ).where(R.status == "ok", R.reward.is_not(None))
-    if tenant_id is not None:
-        ranked = ranked.where(R.tenant_id == tenant_id)
-    ranked_sq = ranked.subquery()
-    in_window = ranked_sq.c.rn <= window
-    stmt = select(
-        ranked_sq.c.key,
-        func.sum(case((in_window, 1), else_=0)),
-        func.sum(case((in_window, ranked_sq.c.passed), else_=0)),
-        func.sum(case((in_window, 0), else_=1)),
-        func.sum(case((in_window, 0), else_=ranked_sq.c.passed)),
-    ).group_by(ranked_sq.c.key)
+
+    def ranked(offset: int, limit: int) -> tuple[Any, Any]:
+        """(count, passes) of the key's verified records ranked ``offset + 1`` to
+        ``offset + limit``, newest first, as scalar subqueries correlated with the key."""
+        rows = (
+            select(passed(r).label("p"))
+            .where(r_key == totals.c.key, *verified(r))
+            .order_by(r.created_at.desc(), r.record_id.desc())
+            .offset(offset)
+            .limit(limit)
+            .correlate(totals)
+            .subquery()
+        )
+        n = select(func.count()).select_from(rows).scalar_subquery()
+        x = select(func.coalesce(func.sum(rows.c.p), 0)).select_from(rows).scalar_subquery()
+        return n, x
+
+    n_w, x_w = ranked(0, window)
+    columns = [totals.c.key, totals.c.n, totals.c.x, n_w, x_w]
     if max_history is not None:
-        stmt = stmt.where(ranked_sq.c.rn <= window + max_history)
+        columns += ranked(window, max_history)
+    stmt = select(*columns)
     with db.read() as s:
         rows = s.execute(stmt).all()
     out = []
-    for key, n_w, x_w, n_h, x_h in rows:
-        n_w, x_w, n_h, x_h = int(n_w), int(x_w), int(n_h), int(x_h)
+    for key, n, x, n_w, x_w, *capped in rows:
+        n_w, x_w = int(n_w), int(x_w)
+        n_h, x_h = (int(n) - n_w, int(x) - x_w) if not capped else map(int, capped)
         z = two_proportion_z(x_w, n_w, x_h, n_h)
         out.append(
             Anomaly(

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import func, inspect, select
+from sqlalchemy import event, func, inspect, select
+from sqlalchemy.engine import Engine
 
 from service import anomaly, rewards
 from service.dashboard import reward_queries, stats
@@ -255,3 +256,95 @@ def test_covering_indexes_serve_the_newest_records_and_migrate_both_ways(db: Dat
     assert "ix_rewards_created" in _indexes(db, "reward_records")
     _alembic(db, "upgrade", "head")
     assert plot <= _indexes(db, "reward_records")
+
+
+def _plain_anomalies(db: Database, **kw: Any) -> list[tuple[Any, ...]]:
+    """(scope, key, window n and passes, history n and passes) straight from the records."""
+    window, cap = kw.get("window", anomaly.DEFAULT_WINDOW), kw.get("max_history")
+    thresholds = kw.get("pass_thresholds") or {}
+    with db.read() as s:
+        stmt = select(RewardRecordRow).where(RewardRecordRow.status == "ok")
+        if kw.get("tenant_id"):
+            stmt = stmt.where(RewardRecordRow.tenant_id == kw["tenant_id"])
+        rows = [r for r in s.execute(stmt).scalars() if r.reward is not None]
+    rows.sort(key=lambda r: (r.created_at, r.record_id), reverse=True)
+    out = []
+    for scope in ("domain", "task"):
+        per: dict[str, list[int]] = defaultdict(list)
+        for r in rows:
+            ok = r.reward >= thresholds.get(r.domain, anomaly.DEFAULT_PASS_THRESHOLD)
+            per[r.task_id if scope == "task" else r.domain].append(int(ok))
+        for key, passed in sorted(per.items()):
+            hist = passed[window:] if cap is None else passed[window : window + cap]
+            out.append(
+                (scope, key, len(passed[:window]), sum(passed[:window]), len(hist), sum(hist))
+            )
+    return out
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"tenant_id": "acme"},
+        {"window": 7, "max_history": 20},
+        {"tenant_id": "beta", "window": 3, "max_history": 5},
+        {"pass_thresholds": {"document": 0.3, "cad": 0.5}, "window": 11},
+        {"window": 10_000},
+        {"window": 1},  # the two newest records share their time: the larger id is newer
+    ],
+)
+def test_anomaly_counts_equal_a_plain_pass_over_the_records(
+    db: Database, kw: dict[str, Any]
+) -> None:
+    """The spike checks' window and history counts (LIMITs correlated with each key, not a
+    ranking of every record) are those of the records sorted newest first, ties broken by
+    record id (the seed's bucket-edge records share times with no one; these share none)."""
+    _seed(db)
+    with db.session() as s:  # two records at the same time: the larger record id is newer
+        for i in range(2):
+            rec = make(task_id="task-1", domain="cad", created_at=T0 + timedelta(days=30))
+            rewards.store(s, rec.model_copy(update={"reward": float(i)}), tenant_id="acme")
+    got = [
+        (
+            a.scope,
+            a.key,
+            a.window_n,
+            round((a.window_rate or 0) * a.window_n),
+            a.history_n,
+            round((a.history_rate or 0) * a.history_n),
+        )
+        for a in anomaly.compute_anomalies(db, **kw)
+    ]
+    assert got == _plain_anomalies(db, **kw)
+
+
+def test_anomaly_rank_index_serves_the_window_and_migrates_both_ways(db: Database) -> None:
+    """Migration 0009: each task's newest verified records come from ``ix_rewards_task_rank``
+    (SQLite's plan), and it goes away on downgrade and comes back."""
+    _seed(db, n=40)
+    assert "ix_rewards_task_rank" in _indexes(db, "reward_records")
+    before = anomaly.compute_anomalies(db)
+    if db.engine.dialect.name == "sqlite":
+        stmt: list[str] = []
+
+        def keep(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+            stmt.append(statement)
+
+        event.listen(Engine, "before_cursor_execute", keep)  # reads may use their own engine
+        try:
+            anomaly.compute_anomalies(db)
+        finally:
+            event.remove(Engine, "before_cursor_execute", keep)
+        task_sql = next(s for s in stmt if "WHERE ranked.task_id = " in s)
+        with db.engine.connect() as conn:
+            params = ["ok"] * task_sql.count("?")
+            plan = " ".join(
+                r[-1] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {task_sql}", tuple(params))
+            )
+        assert "COVERING INDEX ix_rewards_task_rank" in plan, plan
+    _alembic(db, "downgrade", "0008_dashboard_covering")
+    assert "ix_rewards_task_rank" not in _indexes(db, "reward_records")
+    assert anomaly.compute_anomalies(db) == before  # the same figures, only slower
+    _alembic(db, "upgrade", "head")
+    assert "ix_rewards_task_rank" in _indexes(db, "reward_records")
