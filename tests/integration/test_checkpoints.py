@@ -1,16 +1,19 @@
 """Episode checkpoints: a worker killed (SIGKILL) mid-episode; the next claim resumes the
 episode from its checkpoint in a new sandbox at the next turn, with the sandbox's state and
-the trajectory (token ids included) carried over; the record says it was resumed."""
+the trajectory (token ids included) carried over; the record says it was resumed. Then the
+same with the control plane killed (SIGKILL) with the worker and started again."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +24,11 @@ from policy_client.client import AsyncClient, Client
 from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
 from policy_client.prompt import DONE_MARKER
 from policy_client.rollout import RolloutConfig, RolloutRunner
+from service import tenants
 from service.db.models import Checkpoint, Sandbox
-from tests.integration.api.conftest import Stack, start_stack
+from tests.dbutil import fresh_database
+from tests.integration.api.conftest import Stack, _cleanup, _free_port, start_stack
+from tests.integration.chaos.test_crash_recovery import Server
 
 pytestmark = pytest.mark.docker
 
@@ -139,6 +145,75 @@ def test_worker_killed_mid_episode_resumes_from_its_checkpoint(stack: Stack) -> 
             select(func.count()).select_from(Sandbox).where(Sandbox.state == "leased")
         ).scalar_one()
     assert live == 0
+
+
+def test_a_restarted_control_plane_resumes_the_episode_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # issue 16: "after a lost worker, a timeout or a restart": the node dies (its control
+    # plane and its worker); a new control plane on the same database and data dir finds the
+    # checkpoint, and the next claim resumes the episode from it
+    deployment = f"ckpt-{secrets.token_hex(4)}"
+    with fresh_database("sqlite", tmp_path) as db:
+        with db.session() as s:
+            tenants.create_tenant(s, "ck", max_sandboxes=8, max_cpus=8, max_memory_mb=1 << 14)
+            key = tenants.create_key(s, "ck", scopes=set())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
+        env.update(
+            CRUCIBLE_DATABASE_URL=db.url,
+            CRUCIBLE_DATA_DIR=str(tmp_path / "data"),
+            CRUCIBLE_DEPLOYMENT=deployment,
+            CRUCIBLE_POOL_TARGETS="{}",
+            CRUCIBLE_POOL_INTERVAL_S="0.2",
+        )
+        srv = Server(env, _free_port(), tmp_path / "serve.log")
+
+        def checkpoints() -> list[Checkpoint]:
+            with db.read() as s:
+                return list(s.execute(select(Checkpoint)).scalars())
+
+        try:
+            srv.start()
+            with Client(srv.url, key) as client:
+                job = client.run(
+                    calls.create_job(
+                        suite="terminal",
+                        task_ids=["word-frequency-top20"],
+                        policy={"name": "steps", "version": "1"},
+                    )
+                )
+            code = (
+                "import sys; from tests.integration.test_checkpoints import _doomed_worker; "
+                "_doomed_worker(*sys.argv[1:])"
+            )
+            proc = subprocess.Popen([sys.executable, "-c", code, srv.url, key, job.id])
+            try:
+                deadline = time.monotonic() + 180
+                while len(checkpoints()) != 1:
+                    assert proc.poll() is None, "the worker ended before its checkpoint"
+                    assert time.monotonic() < deadline, "no checkpoint within 180 s"
+                    time.sleep(0.1)
+                time.sleep(1.0)  # it is now blocked in turn 1's policy call
+                (first,) = checkpoints()
+                assert first.turn == 1
+            finally:
+                srv.kill9()
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            srv.start()
+            outcomes = _run(srv.url, key, job.id, StepPolicy())  # once the claim lapses
+            assert len(outcomes) == 1
+            rec = outcomes[0].record
+            assert rec.resumed_from == first.id and rec.episode_id != first.episode_id
+            assert [t.exit_code for t in rec.turns] == [0, 0, 0], rec.turns
+            assert rec.response_ids == [1, 1, 0, 2, 2, 0, 3, 3, 0, 4, 4]
+            with Client(srv.url, key) as client:
+                final = client.get_job(job.id)
+            assert final.state == "done", final
+            assert checkpoints() == []
+        finally:
+            srv.stop()
+            _cleanup(deployment)
 
 
 def test_checkpoint_refusals(stack: Stack) -> None:
