@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Float, case, cast, func, literal, select
+from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 from sqlalchemy.orm import aliased
 
 from service.db.engine import Database
@@ -94,22 +94,48 @@ def outcome_rates(
 ) -> list[OutcomeRates]:
     """Dodge, tamper and error rates per task over its newest ``window`` records (module
     docstring), sorted by task. ``tenant_id`` None pools every tenant."""
+    if window < 1:
+        return []
     R = RewardRecordRow
-    rn = func.row_number().over(
-        partition_by=R.task_id, order_by=(R.created_at.desc(), R.record_id.desc())
+    # Each task's window ends at its ``window``-th newest record (a LIMIT 1 OFFSET
+    # ``window - 1`` correlated with the task, over ``ix_rewards_task_rank``; none when it
+    # has fewer); its rows are the task's records from there on, and the JSON is read for
+    # those alone. Ranking every record with row_number over the task instead sorted them
+    # all (about 20 ms at 10,000 records on SQLite, against about 4).
+    r = aliased(R, name="ranked")
+    mine = [R.tenant_id == tenant_id] if tenant_id is not None else []
+    tasks = select(R.task_id.label("task_id")).where(*mine).group_by(R.task_id).subquery("tasks")
+
+    def edge(column: Any) -> Any:
+        """``column`` of the task's ``window``-th newest record (NULL when it has fewer)."""
+        return (
+            select(column)
+            .where(r.task_id == tasks.c.task_id, *([r.tenant_id == tenant_id] if mine else []))
+            .order_by(r.created_at.desc(), r.record_id.desc())
+            .offset(window - 1)
+            .limit(1)
+            .correlate(tasks)
+            .scalar_subquery()
+        )
+
+    edges = (
+        select(tasks.c.task_id, edge(r.created_at).label("at"), edge(r.record_id).label("rid"))
+        .cte("edges")
+        .prefix_with("MATERIALIZED")  # once per task, not once per record joined
     )
-    ranked = select(R.record_id.label("rid"), rn.label("rn"))
-    if tenant_id is not None:
-        ranked = ranked.where(R.tenant_id == tenant_id)
-    sq = ranked.subquery()
-    # The JSON is read only for the rows inside each task's window (the ranking itself
-    # touches indexed columns only): the rewards dashboard at 10,000 records spent most
-    # of its time extracting the cause from every record.
+    e = edges.c
     dodge = R.record["verifier"]["details"]["dodge"].as_string()
     stmt = (
         select(R.task_id, R.status, dodge)
-        .join(sq, sq.c.rid == R.record_id)
-        .where(sq.c.rn <= window)
+        .join(edges, R.task_id == e.task_id)
+        .where(
+            *mine,
+            or_(
+                e.at.is_(None),
+                R.created_at > e.at,
+                and_(R.created_at == e.at, R.record_id >= e.rid),
+            ),
+        )
     )
     with db.read() as s:
         rows = s.execute(stmt).all()

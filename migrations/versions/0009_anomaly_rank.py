@@ -1,8 +1,9 @@
 """anomaly rank index: a task's verified records newest first, inside the index
 
 The anomaly monitor (``service.anomaly``) counts each task's newest ``window`` verified
-records with a LIMIT correlated with the task. This index serves that LIMIT in order and
-holds every column it reads (status, reward, domain for per-domain thresholds, tenant),
+records (and finds where each task's newest ``window`` records end, for the dodge rates)
+with a LIMIT correlated with the task. This index serves that LIMIT in order and holds
+every column it reads (status, reward, domain for per-domain thresholds, tenant),
 so it never reads a record's row (about 1.3 KB of JSON). The per-domain ranking is served
 by ``ix_rewards_domain_plot`` (0008).
 

@@ -348,3 +348,57 @@ def test_anomaly_rank_index_serves_the_window_and_migrates_both_ways(db: Databas
     assert anomaly.compute_anomalies(db) == before  # the same figures, only slower
     _alembic(db, "upgrade", "head")
     assert "ix_rewards_task_rank" in _indexes(db, "reward_records")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "window"),
+    [(None, 50), ("acme", 50), ("beta", 4), (None, 1), (None, 3), (None, 10_000)],
+)
+def test_outcome_rates_equal_a_plain_pass_over_the_records(
+    db: Database, tenant: str | None, window: int
+) -> None:
+    """Each task's window (its records from the ``window``-th newest on, not a ranking of
+    every record) holds its newest records, ties at the edge broken by record id."""
+    _seed(db)
+    with db.session() as s:  # three records at one time, the newest of task-2: a tie
+        for i, (status, dodge) in enumerate(
+            [("ok", "timeout"), ("error", None), ("ok", "tampered")]
+        ):
+            rec = make(
+                task_id="task-2",
+                status=status,
+                created_at=T0 + timedelta(days=30),
+                verifier={
+                    "name": "t",
+                    "version": "1",
+                    "status": status,
+                    "details": {"dodge": dodge},
+                },
+            )
+            rewards.store(s, rec, tenant_id="acme" if i else "beta")
+    with db.read() as s:
+        stmt = select(RewardRecordRow)
+        if tenant:
+            stmt = stmt.where(RewardRecordRow.tenant_id == tenant)
+        rows = sorted(s.execute(stmt).scalars(), key=lambda r: (r.created_at, r.record_id))
+    per: dict[str, list[Any]] = defaultdict(list)
+    for r in reversed(rows):
+        per[r.task_id].append(r)
+    want = []
+    for task, recs in sorted(per.items()):
+        recs = recs[:window]
+        causes: dict[str, int] = defaultdict(int)
+        for r in recs:
+            if cause := r.record["verifier"]["details"].get("dodge"):
+                causes[cause] += 1
+        want.append(
+            anomaly.OutcomeRates(
+                task_id=task,
+                n=len(recs),
+                dodge_rate=sum(causes.values()) / len(recs),
+                tamper_rate=causes.get("tampered", 0) / len(recs),
+                error_rate=sum(r.status != "ok" for r in recs) / len(recs),
+                dodges=dict(causes),
+            )
+        )
+    assert anomaly.outcome_rates(db, tenant_id=tenant, window=window) == want
