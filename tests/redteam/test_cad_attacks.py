@@ -304,6 +304,8 @@ def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -
     assert rec["reward"] == 0.0, details
     cut_off = ("gate_timeout", "measure_timeout", "measure_memory", "measure_crashed")
     assert details["dodge"] in cut_off, details
-    assert details["timing_ms"]["measure"] < 10_000, details["timing_ms"]
+    # the stage that was cut off (measuring, or gating when that took the whole second
+    # on a loaded machine, as in one local run) ended well inside the bound
+    assert all(ms < 10_000 for ms in details["timing_ms"].values()), details["timing_ms"]
     # /healthz took 29 s when measuring ran in the API process; loose for a loaded CI machine
     assert worst[0] < 5.0, worst

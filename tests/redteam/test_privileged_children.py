@@ -43,7 +43,7 @@ echo 'umask 0007' >> /home/alice/.profile
 chown alice:alice /home/alice/.profile
 sed -i 's/^analysts:x:2001:alice,bob$/analysts:x:2001:alice,bob,carol/' /etc/group
 """
-ALIAS = r"""sed -i '1a alice:x:0:0::/root/.alias:/bin/bash' /etc/passwd
+ALIAS = r"""sed -i '1a ENTRY' /etc/passwd
 mkdir -p /root/.alias
 cat > /root/.alias/.bash_profile <<'EOS'
 umask 0007
@@ -63,9 +63,17 @@ EOS
 """
 
 
-def test_a_uid_0_alias_never_gets_a_privileged_childs_rights(stack: Stack) -> None:
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "alice:x:0:0::/root/.alias:/bin/bash",
+        # the same to glibc (leading blanks skipped, "00" read as 0), not to a text check
+        r"\ alice:x:00:0::/root/.alias:/bin/bash",
+    ],
+)
+def test_a_uid_0_alias_never_gets_a_privileged_childs_rights(stack: Stack, entry: str) -> None:
     ep = episodes.start(stack, TASK, "terminal")
-    sh(stack, ep, SOLVED_BUT_ONE + ALIAS)
+    sh(stack, ep, SOLVED_BUT_ONE + ALIAS.replace("ENTRY", entry))
     rec = verify(stack, ep)
     v = rec["verifier"]
     assert (rec["reward"], v["status"]) == (0.0, "ok"), v

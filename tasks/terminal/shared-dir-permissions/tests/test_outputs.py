@@ -90,17 +90,21 @@ USERS = {"alice": 1001, "bob": 1002, "carol": 1003}  # the image's (environment/
 
 
 def _identities_are_the_images():
-    """The users the tests switch to are the image's, before `runuser` looks them up by name:
-    one entry per name, no second uid 0, each with its uid, home and login shell (a trial put a
-    uid-0 "alice" first in /etc/passwd, and `runuser -l alice` ran the end state's profile as
-    root with every capability)."""
-    entries = [line.split(":") for line in pathlib.Path("/etc/passwd").read_text().splitlines() if line]
-    names = [e[0] for e in entries]
-    assert len(names) == len(set(names)), "a user name is listed twice in /etc/passwd"
-    assert [e[0] for e in entries if e[2] == "0"] == ["root"], "only root may have uid 0"
+    """The users the tests switch to are the image's, before `runuser` looks them up by name,
+    as the C library resolves them (glibc skips leading blanks and reads "00" as 0, so the
+    file's text alone is not enough): one entry per name, no second uid 0, each with its uid,
+    home and login shell. A trial put a uid-0 "alice" first in /etc/passwd, and
+    `runuser -l alice` ran the end state's profile as root with every capability."""
+    entries = pwd.getpwall()
+    names = [e.pw_name for e in entries]
+    assert len(names) == len(set(names)), "a user name is listed twice"
+    assert [e.pw_name for e in entries if e.pw_uid == 0] == ["root"], "only root may have uid 0"
+    for line in pathlib.Path("/etc/passwd").read_text().splitlines():
+        assert line == line.strip() and not line.startswith("#"), "a passwd line is not plain"
     for name, uid in USERS.items():
-        (entry,) = [e for e in entries if e[0] == name]
-        assert (int(entry[2]), entry[5], entry[6]) == (uid, f"/home/{name}", "/bin/bash"), name
+        (entry,) = [e for e in entries if e.pw_name == name]
+        assert (entry.pw_uid, entry.pw_dir, entry.pw_shell) == (uid, f"/home/{name}", "/bin/bash")
+        assert pwd.getpwnam(name).pw_uid == uid, name
 
 
 def test_alice_login_umask():
