@@ -18,17 +18,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import and_, bindparam, exists, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from service import audit, coordination, tenants, tracing
 from service.config import Settings
 from service.coordination import LABEL_REPLICA, Coordinator, InProcessCoordinator
 from service.db.engine import Database
-from service.db.models import Pool, Sandbox, utcnow
+from service.db.models import Episode, Pool, Sandbox, utcnow
 from service.errors import CrucibleError, NotFound
 from service.ids import new_id
 from service.metrics import (
@@ -102,6 +103,32 @@ def spec_for(
         cap_add=template.cap_add,
         disk_bytes=template.disk_mb << 20,
     )
+
+
+RESUME_GRACE_S = 600.0  # a cut-off verification's lease, from the restart that finds it
+
+
+def keep_for_verification(s: Session, sandbox_ids: Iterable[str]) -> None:
+    """Keep ``verifying`` sandboxes whose verification a crash cut off as they are (frozen,
+    refused to every tenant call) for the verify call that resumes it, their lease re-armed
+    to at least ``RESUME_GRACE_S`` from now (the deadline did not run while the verifier
+    held it; a crash trial's lease ran out during the downtime and the solved sample got no
+    record). One nobody resumes expires then (``PoolManager.reap``)."""
+    ids = list(sandbox_ids)
+    if ids:
+        grace = utcnow() + timedelta(seconds=RESUME_GRACE_S)
+        for sid, expires in s.execute(
+            select(Sandbox.id, Sandbox.expires_at).where(
+                Sandbox.id.in_(ids), Sandbox.state == "verifying"
+            )
+        ).all():
+            if expires is None or expires < grace:
+                s.execute(
+                    update(Sandbox)
+                    .where(Sandbox.id == sid, Sandbox.state == "verifying")
+                    .values(expires_at=grace)
+                    .execution_options(synchronize_session=False)
+                )
 
 
 class PoolManager:
@@ -518,14 +545,18 @@ class PoolManager:
             log.warning("destroy of container %s failed: %s", container_id, e)
 
     def reap(self) -> int:
-        """Expire leases whose ``expires_at`` passed; return how many were expired."""
+        """Expire leases whose ``expires_at`` passed; return how many were expired. A
+        ``verifying`` sandbox expires only when no verification holds it (one a crash cut
+        off that nobody resumed: ``keep_for_verification``)."""
         now = utcnow()
+        held = exists().where(Episode.sandbox_id == Sandbox.id, Episode.state == "verifying")
+        expirable = or_(Sandbox.state == "leased", and_(Sandbox.state == "verifying", ~held))
         with self.db.session() as s:
             rows = (
                 s.execute(
                     select(Sandbox).where(
                         Sandbox.deployment == self.deployment,
-                        Sandbox.state == "leased",
+                        expirable,
                         Sandbox.expires_at < now,
                     )
                 )
@@ -536,9 +567,7 @@ class PoolManager:
             for row in rows:
                 ok = s.execute(
                     update(Sandbox)
-                    .where(
-                        Sandbox.id == row.id, Sandbox.state == "leased", Sandbox.expires_at < now
-                    )
+                    .where(Sandbox.id == row.id, expirable, Sandbox.expires_at < now)
                     .values(state="expired", ended_at=now)
                     .execution_options(synchronize_session=False)
                 ).rowcount
@@ -612,6 +641,15 @@ class PoolManager:
                 self.mark_failed(sid, "lost across a control-plane restart")
                 counts["failed"] += 1
                 continue
+            if row.state == "verifying":
+                # frozen with the end state its episode submitted: kept so, for the verify
+                # call that resumes it (a crash trial's process, thawed here, solved the task
+                # before the retried verify read it)
+                with self.db.session() as s:
+                    keep_for_verification(s, [sid])
+                counts["kept_frozen"] = counts.get("kept_frozen", 0) + 1
+                counts["adopted"] += 1
+                continue
             if c.status == "paused":
                 try:
                     self.runtime.thaw(c.container_id)
@@ -620,7 +658,7 @@ class PoolManager:
                     self.mark_failed(sid, f"could not thaw after a restart: {e}")
                     counts["failed"] += 1
                     continue
-            if row.state in ("snapshotting", "verifying"):  # recovery re-runs the episode
+            if row.state == "snapshotting":  # recovery re-runs the episode
                 with self.db.session() as s:
                     s.execute(
                         update(Sandbox)

@@ -8,8 +8,10 @@ Two entry points:
   An episode's owner is its claim while that claim is its work item's live claim; an ad-hoc
   episode's owner is its sandbox lease, so it is abandoned when that lease ended.
 - ``recover_on_start(ctx)`` runs once at start-up, after ``PoolManager.reconcile`` (which
-  adopts live containers and thaws the ones a crash left paused). Episodes cut off mid-
-  verification go back to ``running`` (their worker verifies again, idempotently);
+  adopts live containers and thaws the ones a crash left paused mid-snapshot; one frozen
+  for verification stays frozen). Episodes cut off mid-verification go back to ``running``
+  with their sandboxes kept ``verifying`` (their worker's retried verify reads the end
+  state first submitted, idempotently);
   sandboxes an interrupted episode start left behind (a prepared sandbox, or fork members
   that never became episodes) are released; snapshot rows of interrupted group starts and
   snapshot images without a live row (a commit cut off before its row was written) are
@@ -34,7 +36,7 @@ from service import audit, sandboxes, scheduler
 from service.context import ServiceContext
 from service.db.models import Episode, Sandbox, Snapshot, WorkItem, utcnow
 from service.errors import Conflict, CrucibleError, NotFound
-from service.pool import ENDED_STATES
+from service.pool import ENDED_STATES, keep_for_verification
 from service.tenants import Principal
 
 log = logging.getLogger("crucible.recovery")
@@ -141,16 +143,24 @@ def _end_interrupted_replays(ctx: ServiceContext) -> int:
 
 
 def _verifying_to_running(ctx: ServiceContext) -> int:
+    """Episodes a crash cut off mid-verification go back to ``running``; their sandboxes stay
+    ``verifying`` and frozen (``pool.keep_for_verification``), so the worker's retried verify
+    reads the end state first submitted and no tenant call changes it meanwhile. On
+    replicas, only those no live replica is verifying (its container tracked in flight; a
+    crash trial's restarted idle replica took over a live one's verification): with the
+    live set unknown (Redis down) none, and ``DeadReplicaWork`` finishes them later."""
     with ctx.db.session() as s:
-        ids = (
-            s.execute(
-                select(Episode.id)
-                .join(Sandbox, Sandbox.id == Episode.sandbox_id)
-                .where(Episode.state == "verifying", Sandbox.deployment == ctx.settings.deployment)
-            )
-            .scalars()
-            .all()
-        )
+        rows = s.execute(
+            select(Episode.id, Sandbox.container_id)
+            .join(Sandbox, Sandbox.id == Episode.sandbox_id)
+            .where(Episode.state == "verifying", Sandbox.deployment == ctx.settings.deployment)
+        ).all()
+        if ctx.settings.replica and rows:
+            busy = ctx.pools.coord.in_flight() if ctx.settings.redis_url else None
+            if busy is None:
+                return 0
+            rows = [r for r in rows if not (r.container_id and f"c:{r.container_id}" in busy)]
+        ids = [r.id for r in rows]
         if ids:
             s.execute(
                 update(Episode)
@@ -158,7 +168,7 @@ def _verifying_to_running(ctx: ServiceContext) -> int:
                 .values(state="running")
                 .execution_options(synchronize_session=False)
             )
-            sandboxes.hand_back(
+            keep_for_verification(
                 s, s.execute(select(Episode.sandbox_id).where(Episode.id.in_(ids))).scalars()
             )
             audit.record(s, "episode.recover", details={"episodes": list(ids)})
@@ -409,10 +419,8 @@ class DeadReplicaWork:
         return 1
 
     def _reverify(self, episode_id: str, container_id: str) -> int:
-        """Thaw a dead replica's verification and put its episode back to ``running``."""
-        if container_id:
-            with contextlib.suppress(CrucibleError):  # not paused, or gone: verify says so
-                self.ctx.runtime.thaw(container_id)
+        """Put a dead replica's verification's episode back to ``running``, its sandbox kept
+        ``verifying`` and frozen for the verify that resumes it (``keep_for_verification``)."""
         with self.ctx.db.session() as s:
             got = s.execute(
                 update(Episode)
@@ -421,7 +429,7 @@ class DeadReplicaWork:
                 .execution_options(synchronize_session=False)
             ).rowcount
             if got:
-                sandboxes.hand_back(
+                keep_for_verification(
                     s,
                     s.execute(select(Episode.sandbox_id).where(Episode.id == episode_id)).scalars(),
                 )

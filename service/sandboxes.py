@@ -103,17 +103,27 @@ def take_for_verification(ctx: ServiceContext, principal: Principal, sandbox_id:
     state through the files API between the verifier's diff and its read of the changes,
     which turned its 0 into an error). The lease no longer runs out under the verifier.
 
+    A sandbox already ``verifying`` is one whose verification a crash cut off (recovery
+    keeps it so, frozen, and puts its episode back to ``running``:
+    ``pool.keep_for_verification``):
+    the caller, which has just moved the episode from ``running`` to ``verifying`` (one call
+    at a time), takes it as it is, so the verdict is of the end state first submitted.
+
     Raises:
         NotFound: not the tenant's. Conflict: not leased, the lease expired, no container.
     """
-    row = get_live(ctx, principal, sandbox_id)
+    row = get_owned(ctx, principal, sandbox_id)
+    if row.state != "verifying":
+        row = get_live(ctx, principal, sandbox_id)
+    elif not row.container_id:
+        raise Conflict(f"sandbox {sandbox_id} has no container")
     now = utcnow()
     with ctx.db.session() as s:
         got = s.execute(
             update(Sandbox)
             .where(
                 Sandbox.id == sandbox_id,
-                Sandbox.state == "leased",
+                Sandbox.state.in_(("leased", "verifying")),
                 or_(Sandbox.expires_at.is_(None), Sandbox.expires_at > now),
             )
             .values(state="verifying")

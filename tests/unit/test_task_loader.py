@@ -538,6 +538,7 @@ def test_discover_suites() -> None:
         "good",
         "hidden-tests",
         "in-process",
+        "judge-state",
         "native-code",
         "tb2",
     ]
@@ -611,6 +612,7 @@ def test_registry_from_root() -> None:
         "good",
         "hidden-tests",
         "in-process",
+        "judge-state",
         "native-code",
         "tb2",
     ]
