@@ -360,3 +360,70 @@ def test_dead_replica_work_touches_nothing_when_it_cannot_know(
             assert states == {"sb_a": "starting", "sb_b": "snapshotting"}
         finally:
             coord.close()
+
+
+def test_start_up_recovery_leaves_a_live_replicas_verification_alone(
+    tmp_path: Path,
+    pair,  # noqa: ANN001
+) -> None:
+    """A kill -9 trial restarted an idle replica while another verified an episode: start-up
+    recovery put the episode back to ``running`` (and a tenant ``PUT`` through the restarted
+    replica landed in the frozen end state). Now a verification whose container a live
+    replica tracks is left to it; one nobody tracks is recovered (its sandbox stays
+    ``verifying`` for the retried verify)."""
+    from types import SimpleNamespace
+
+    from service.config import Settings
+    from service.db.models import Episode, Sandbox
+    from service.recovery import _verifying_to_running
+    from tests.dbutil import fresh_database
+
+    with fresh_database("postgres", tmp_path) as db:
+        settings = Settings(
+            data_dir=tmp_path, database_url=db.url, replica=True, redis_url=_redis_url()
+        )
+        verifier, restarted = pair
+        verifier.start()
+        restarted.start()
+        with db.session() as s:
+            tenants.create_tenant(s, "t", max_sandboxes=2, max_cpus=2, max_memory_mb=1024)
+            s.add(
+                Sandbox(
+                    id="sb_v",
+                    deployment=settings.deployment,
+                    template="terminal",
+                    image="x",
+                    state="verifying",
+                    tenant_id="t",
+                    cpus=1,
+                    memory_mb=512,
+                    container_id="c0ffee",
+                )
+            )
+            s.add(
+                Episode(
+                    id="ep_v",
+                    tenant_id="t",
+                    task_id="x",
+                    suite="terminal",
+                    domain="terminal",
+                    sandbox_id="sb_v",
+                    state="verifying",
+                    group_id="grp_v",
+                    sample_idx=0,
+                    task_version="1",
+                    template="terminal",
+                    image_digest="sha256:0",
+                )
+            )
+        ctx = SimpleNamespace(settings=settings, db=db, pools=SimpleNamespace(coord=restarted))
+        with verifier.track("c:c0ffee"):
+            assert _until(lambda: "c:c0ffee" in (restarted.in_flight() or set()))
+            assert _verifying_to_running(ctx) == 0  # type: ignore[arg-type]
+            with db.read() as s:
+                assert s.get(Episode, "ep_v").state == "verifying"
+        assert _until(lambda: "c:c0ffee" not in (restarted.in_flight() or set()))
+        assert _verifying_to_running(ctx) == 1  # type: ignore[arg-type]
+        with db.read() as s:
+            assert s.get(Episode, "ep_v").state == "running"
+            assert s.get(Sandbox, "sb_v").state == "verifying"
