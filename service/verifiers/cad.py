@@ -757,7 +757,10 @@ def _bounded(
     fn: Callable[..., Any], *args: Any, settings: CadSettings, step: str, what: str
 ) -> Any:
     """``fn(*args)`` in a bounded worker; an exceeded bound is the agent's 0, a dodge named
-    ``<step>_<cause>`` (``measure_timeout``)."""
+    ``<step>_<cause>`` (``measure_timeout``), and so is any exception the worker raises
+    (``<step>_crashed``): it saw the agent's mesh and the fixed reference, so what raised is
+    the mesh's doing (a trial's vertex at 1e110 overflowed a float in the gate, and the
+    verdict was an error, out of the loss)."""
     try:
         return run_bounded(
             fn,
@@ -770,6 +773,9 @@ def _bounded(
         raise _Zero(e.message, {"gate": 0.0}, dodge=f"{step}_{e.cause}") from None
     except WorkerUnavailable as e:
         raise VerifierFailure(str(e)) from None
+    except Exception as e:  # noqa: BLE001 (the mesh's doing: see above)
+        reason = f"{what} failed on the output's content ({type(e).__name__})"
+        raise _Zero(reason, {"gate": 0.0}, dodge=f"{step}_crashed") from None
 
 
 def verify(

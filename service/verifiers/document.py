@@ -627,7 +627,10 @@ def read_file(
 def score_bounded(truth: GroundTruth, data: bytes) -> VerifierResult:
     """``score_answer`` in a bounded worker (``PARSE_TIMEOUT_S``, ``PARSE_MEMORY_MB``): an
     answer that makes parsing run out of time or memory, or crash, scores 0 with the cause
-    in ``details["dodge"]`` (``parse_timeout``, ``parse_memory``, ``parse_crashed``).
+    in ``details["dodge"]`` (``parse_timeout``, ``parse_memory``, ``parse_crashed``). So
+    does any exception the worker raises: it saw only the ground truth, which is fixed, and
+    the answer, so what raised is the answer's doing (a trial's ``"1e99999999999999999999"``
+    raised ``decimal.InvalidOperation``, and the verdict was an error, out of the loss).
 
     Raises ``VerifierError`` when no worker can be started (Crucible's failure).
     """
@@ -644,6 +647,9 @@ def score_bounded(truth: GroundTruth, data: bytes) -> VerifierResult:
         return zero_result(e.message, truth, dodge=f"parse_{e.cause}")
     except WorkerUnavailable as e:
         raise VerifierError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 (the answer's doing: see above)
+        reason = f"scoring {ANSWER_FILE} failed on its content ({type(e).__name__})"
+        return zero_result(reason, truth, dodge="parse_crashed")
 
 
 def verify_episode(task: Task, end: EndState) -> VerifierResult:

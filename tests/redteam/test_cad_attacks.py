@@ -309,3 +309,16 @@ def test_a_pathological_mesh_is_cut_off_while_the_api_stays_fast(stack: Stack) -
     assert all(ms < 10_000 for ms in details["timing_ms"].values()), details["timing_ms"]
     # /healthz took 29 s when measuring ran in the API process; loose for a loaded CI machine
     assert worst[0] < 5.0, worst
+
+
+def test_a_mesh_that_overflows_the_gate_scores_zero(stack: Stack) -> None:
+    """A seventh trial: a closed tetrahedron with a vertex at 1e110 overflowed a float in the
+    gate (its scale cubed); the exception, which the verifier did not list, made the verdict
+    an error, out of the loss. Whatever the worker raises on the agent's mesh is its 0."""
+    ep = start(stack, "washer")
+    obj = b"v 0 0 0\nv 1e110 0 0\nv 0 1 0\nv 0 0 1\nf 1 3 2\nf 1 2 4\nf 1 4 3\nf 2 3 4\n"
+    upload(stack, ep, obj, "/app/out/washer.obj")
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    details = rec["verifier"]["details"]
+    assert (rec["reward"], details.get("dodge")) == (0.0, "gate_crashed"), details
