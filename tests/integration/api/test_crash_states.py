@@ -99,7 +99,8 @@ def test_a_verification_cut_off_by_a_crash_resumes_on_the_frozen_end_state(stack
     stack.ctx.pools.reap()  # the re-armed lease holds
     rec = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ)
     assert rec.status_code == 200, rec.text
-    assert (rec.json()["reward"], rec.json()["verifier"]["status"]) == (0.0, "ok"), rec.json()["verifier"]
+    verdict = rec.json()["verifier"]
+    assert (rec.json()["reward"], verdict["status"]) == (0.0, "ok"), verdict
     assert stack.alice.get(f"/v1/sandboxes/{sid}").json()["state"] == "released"
 
 
