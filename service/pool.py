@@ -644,7 +644,15 @@ class PoolManager:
             if row.state == "verifying":
                 # frozen with the end state its episode submitted: kept so, for the verify
                 # call that resumes it (a crash trial's process, thawed here, solved the task
-                # before the retried verify read it)
+                # before the retried verify read it); one cut off before its freeze is
+                # frozen now
+                if c.status == "running":
+                    try:
+                        self.runtime.freeze(c.container_id)
+                    except CrucibleError as e:
+                        self.mark_failed(sid, f"could not freeze after a restart: {e}")
+                        counts["failed"] += 1
+                        continue
                 with self.db.session() as s:
                     keep_for_verification(s, [sid])
                 counts["kept_frozen"] = counts.get("kept_frozen", 0) + 1

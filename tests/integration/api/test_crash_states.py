@@ -60,7 +60,10 @@ def test_start_up_recovery_releases_the_sandbox(stack: Stack) -> None:
     assert stack.alice.get(f"/v1/sandboxes/{ep['sandbox_id']}").json()["state"] == "released"
 
 
-def test_a_verification_cut_off_by_a_crash_resumes_on_the_frozen_end_state(stack: Stack) -> None:
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_verification_cut_off_by_a_crash_resumes_on_the_frozen_end_state(
+    stack: Stack, frozen: bool
+) -> None:
     """A crash mid-verification leaves the episode and its sandbox ``verifying``, frozen.
     Restarting (reconcile, recovery) puts the episode back to ``running`` and keeps the
     sandbox frozen and ``verifying``, its lease re-armed, so the worker's retried verify
@@ -86,7 +89,8 @@ def test_a_verification_cut_off_by_a_crash_resumes_on_the_frozen_end_state(stack
             .values(state="verifying", expires_at=utcnow() - timedelta(seconds=10))
         )
         cid = s.get(Sandbox, sid).container_id
-    stack.ctx.runtime.freeze(cid)  # as the verifier had, when the control plane died
+    if frozen:  # as the verifier had, when the control plane died (else before its freeze)
+        stack.ctx.runtime.freeze(cid)
     stack.ctx.pools.reconcile()
     recover_on_start(stack.ctx)
     time.sleep(3)
