@@ -147,18 +147,19 @@ def _verifying_to_running(ctx: ServiceContext) -> int:
     ``verifying`` and frozen (``pool.keep_for_verification``), so the worker's retried verify
     reads the end state first submitted and no tenant call changes it meanwhile. On
     replicas, only those no live replica is verifying (its container tracked in flight; a
-    crash trial's restarted idle replica took over a live one's verification): with the
-    live set unknown (Redis down) none, and ``DeadReplicaWork`` finishes them later."""
+    crash trial's restarted idle replica took over a live one's verification): with Redis
+    down none, and ``DeadReplicaWork`` finishes them once it answers. Replicas without
+    Redis cannot know, and recover all, as before."""
     with ctx.db.session() as s:
         rows = s.execute(
             select(Episode.id, Sandbox.container_id)
             .join(Sandbox, Sandbox.id == Episode.sandbox_id)
             .where(Episode.state == "verifying", Sandbox.deployment == ctx.settings.deployment)
         ).all()
-        if ctx.settings.replica and rows:
-            busy = ctx.pools.coord.in_flight() if ctx.settings.redis_url else None
+        if ctx.settings.replica and ctx.settings.redis_url and rows:
+            busy = ctx.pools.coord.in_flight()
             if busy is None:
-                return 0
+                return 0  # Redis down: DeadReplicaWork finishes them once it answers
             rows = [r for r in rows if not (r.container_id and f"c:{r.container_id}" in busy)]
         ids = [r.id for r in rows]
         if ids:
