@@ -106,14 +106,10 @@ def _moments(db: Database, deployment: str) -> list[tuple[str, Callable[[], bool
         return n > base["exec"]
 
     mine = Sandbox.deployment == deployment
+    # Verification last: the job's three groups start at once, so after the first
+    # verification a lease comes only from a re-rolled sample, which a run need not have
+    # (two runs saw "lease", "exec" and "refill" all time out after it)
     return [
-        (
-            "verification",
-            lambda: (
-                count(select(func.count()).select_from(Episode).where(Episode.state == "verifying"))
-                > 0
-            ),
-        ),
         (
             "lease",
             lambda: (
@@ -138,6 +134,13 @@ def _moments(db: Database, deployment: str) -> list[tuple[str, Callable[[], bool
                     .select_from(Sandbox)
                     .where(mine, Sandbox.tenant_id.is_(None), Sandbox.state == "starting")
                 )
+                > 0
+            ),
+        ),
+        (
+            "verification",
+            lambda: (
+                count(select(func.count()).select_from(Episode).where(Episode.state == "verifying"))
                 > 0
             ),
         ),
