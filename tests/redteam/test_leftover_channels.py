@@ -186,7 +186,9 @@ JUDGE_STATE = Path(__file__).resolve().parents[1] / "fixtures" / "tasks" / "judg
 CROSS_TEST = r"""#!/bin/bash
 if mkdir /tmp/.first-call 2>/dev/null; then
   awk '{ s += $1 } END { print s + 0 }' "$1" > "$2"
-  empty='while :; do for f in $(dirname "$0")/in*.txt; do : > "$f"; done; sleep 0.01; done'
+  # it starts emptying only once the call that started it has returned (what the call's
+  # own processes do meanwhile is the task's to guard against, as its tests do not)
+  empty='sleep 1; while :; do for f in $(dirname "$0")/in*.txt; do : > "$f"; done; sleep 0.01; done'
   setsid bash -c "$empty" "$1" </dev/null >/dev/null 2>&1 &
   exit 0
 fi
