@@ -27,10 +27,8 @@ must score exactly 0 with ``status=ok``; the oracle controls score 1.0.
 from __future__ import annotations
 
 import importlib.util
-import io
 import re
 import sqlite3
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Stack
+from tests.integration.api.test_episodes_api import run_oracle
 from tests.redteam import episodes
 from tests.redteam.episodes import sh, upload, verify
 
@@ -291,23 +290,9 @@ def test_a_makefile_that_answers_the_judges_read_backs_scores_zero(stack: Stack)
 # --- controls: the oracles still score 1.0 ------------------------------------------------
 
 
-def _run_oracle(stack: Stack, ep: dict[str, Any], task: str) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
-        t.add(str(TASKS / task / "solution"), arcname=".")
-    r = stack.alice.put(
-        f"/v1/sandboxes/{ep['sandbox_id']}/files",
-        params={"path": "/solution"},
-        content=buf.getvalue(),
-        headers={"content-type": "application/x-tar"},
-    )
-    assert r.status_code == 200, r.text
-    sh(stack, ep, f"cd {ep['workdir']} && bash /solution/solve.sh", timeout_s=300)
-
-
 @pytest.mark.parametrize("task", [REPORT, MIGRATION, MAKEFILE_TASK])
 def test_the_oracle_still_scores_one(stack: Stack, task: str) -> None:
     ep = start(stack, task)
-    _run_oracle(stack, ep, task)
+    run_oracle(stack, ep, task)
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (1.0, "ok"), rec["verifier"]

@@ -437,7 +437,7 @@ def _live(pid: str, state: str) -> bool:
                 if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
                     return True
         except (OSError, IndexError):
-            continue
+            continue  # that thread ended between the listing and the read: it does not run
     return False
 
 
