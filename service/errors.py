@@ -110,6 +110,16 @@ class SandboxError(CrucibleError):
     title = "Sandbox runtime error"
 
 
+class SandboxStopped(SandboxError):
+    """The sandbox's container is not running (it stopped, was killed outside Crucible, or
+    the kernel killed its init): a state of the sandbox, not a failure of the runtime, so
+    409. A ``SandboxError`` still, so every path that scores a lost sandbox goes on doing
+    so."""
+
+    status = 409
+    title = "Sandbox not running"
+
+
 class CapacityError(SandboxError):
     """No sandbox could be provided right now."""
 

@@ -55,6 +55,7 @@ from service.errors import (
     NotFound,
     PayloadTooLarge,
     SandboxError,
+    SandboxStopped,
 )
 from service.runtime import cgroups, channel, diskwatch, jsonstream, overlay
 from service.runtime.base import (
@@ -157,6 +158,8 @@ def _map_error(e: Exception, what: str) -> CrucibleError:
     if isinstance(e, docker.errors.APIError):
         if e.status_code == 409 and "is paused" in _explain(e):
             return Conflict(f"{what}: the sandbox is frozen (its episode is being verified)")
+        if e.status_code == 409 and "is not running" in _explain(e):
+            return SandboxStopped(f"{what}: the sandbox's container is not running")
         return SandboxError(f"{what}: engine error {e.status_code}: {_explain(e)}")
     if isinstance(e, requests.exceptions.RequestException | OSError):
         return SandboxError(f"{what}: Docker engine unreachable or timed out: {e}")

@@ -301,9 +301,22 @@ def claim(
                 _fail_item(s, item, f"claimed {item.claims} times without finishing")
                 continue
             new_claim = new_id("clm")
+            # Compare and swap on what was read: a sweep (or another replica's claim) that
+            # requeued or took the item meanwhile makes this match nothing, and the next
+            # round reads it afresh, so a lapse is audited once, by whoever ended it.
+            seen = (
+                WorkItem.claim_id.is_(None)
+                if item.claim_id is None
+                else WorkItem.claim_id == item.claim_id
+            )
             got = s.execute(
                 update(WorkItem)
-                .where(WorkItem.id == item.id, _claimable(job_id, now))
+                .where(
+                    WorkItem.id == item.id,
+                    WorkItem.state == item.state,
+                    seen,
+                    _claimable(job_id, now),
+                )
                 .values(
                     state="claimed",
                     claimed_by=worker,

@@ -7,6 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
+import docker
 import httpx
 import pytest
 from sqlalchemy import select, update
@@ -80,19 +81,23 @@ def test_concurrent_execs_wait_for_one_group_commit_of_chained_events(stack: Sta
 
 
 def _behind(stack: Stack, sid: str, change: str) -> None:
-    """Change the sandbox's row the way some writer outside the exec path would."""
-    past = utcnow() - timedelta(seconds=1)
+    """Change the sandbox's row the way some writer outside the exec path would.
+
+    Each change ends the lease by its state, never by a past ``expires_at``: the pool's
+    reaper acts on that within 0.2 s and destroys the container, and the row given back
+    afterwards would point at a container that is gone (a CI run saw exactly that).
+    """
     if change == "core-update":
         with stack.ctx.db.session() as s:
             s.execute(update(Sandbox).where(Sandbox.id == sid).values(state="expired"))
     elif change == "orm-flush":
         with stack.ctx.db.session() as s:
-            s.get(Sandbox, sid).expires_at = past
+            s.get(Sandbox, sid).state = "released"
     elif change == "other-engine":  # another Database on the same file, in this process
         other = Database(stack.ctx.db.url)
         try:
             with other.session() as s:
-                s.execute(update(Sandbox).where(Sandbox.id == sid).values(expires_at=past))
+                s.execute(update(Sandbox).where(Sandbox.id == sid).values(state="failed"))
         finally:
             other.dispose()
 
@@ -125,6 +130,25 @@ def test_exec_sees_every_change_of_the_row_behind_the_cache(stack: Stack, change
         )
     assert _exec(stack.alice, sid, "echo back").json()["stdout"] == "back\n"
     stack.alice.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_exec_in_a_container_that_stopped_is_a_409_not_a_5xx(stack: Stack) -> None:
+    # Regression: a leased sandbox whose container stopped under it (killed outside, or its
+    # init killed by the kernel) answered exec with 502 "engine error 409".
+    sid = _lease(stack.alice)
+    assert _exec(stack.alice, sid, "true").status_code == 200
+    with stack.ctx.db.read() as s:
+        container_id = s.get(Sandbox, sid).container_id
+    engine = docker.from_env()
+    try:
+        engine.containers.get(container_id).kill()
+    finally:
+        engine.close()
+    r = _exec(stack.alice, sid, "echo ran")
+    assert r.status_code == 409, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert "not running" in r.json()["detail"]
+    assert stack.alice.delete(f"/v1/sandboxes/{sid}").status_code == 200
 
 
 def test_released_sandbox_refuses_exec_at_once(stack: Stack) -> None:

@@ -4,10 +4,12 @@ failures use, jobs that end done only with every record, the serve lock, idempot
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from service import idempotency, rewards, scheduler, tenants
@@ -15,6 +17,7 @@ from service.db.engine import Database
 from service.db.models import AuditEvent, IdempotencyKey, RewardRecordRow, WorkItem
 from service.serverlock import AlreadyServing, ServerLock
 from service.tenants import Principal
+from tests.dbutil import fresh_database
 from tests.integration.db.test_rewards_store import make
 
 P = Principal("acme", "k1", frozenset())
@@ -134,6 +137,56 @@ def test_a_claim_taking_over_a_lapsed_claim_audits_the_lapse_once(tenant_db: Dat
     claims = [d for a, d in events if a == "job.claim"]
     assert len(claims) == 2 and claims[1]["reclaimed_from"] == first.claim_id
     assert [(d["claim_id"], d["worker"]) for d in lapses] == [(first.claim_id, "w1")]
+
+
+def test_a_claim_racing_the_sweep_audits_the_lapse_once(tmp_path: Path) -> None:
+    # Regression (three replicas through a kill -9): a claim read an item whose claim had
+    # lapsed, a sweep requeued it (auditing the lapse) before the claim's UPDATE, and the
+    # claim audited the same lapse again. PostgreSQL only: a plain read does not wait for
+    # the sweep's row lock there, so the claim's UPDATE is what meets the sweep.
+    with fresh_database("postgres", tmp_path) as db:
+        with db.session() as s:
+            tenants.create_tenant(s, "acme", max_sandboxes=1, max_cpus=1, max_memory_mb=1)
+        job = _job(db, ["a"])
+        first = scheduler.claim(db, P, job, worker="w1", lease_s=60)
+        with db.session() as s:
+            s.execute(update(WorkItem).values(claim_expires_at=first.created_at))
+        got: list[WorkItem | None] = []
+        with db.session() as s:  # the sweep: holds the item's row until it commits
+            assert [x.claim_id for x in scheduler.requeue_lapsed(s)] == [first.claim_id]
+            racer = threading.Thread(
+                target=lambda: got.append(scheduler.claim(db, P, job, worker="w2", lease_s=60))
+            )
+            racer.start()
+            deadline = time.monotonic() + 30
+            while not _waiting_for_a_lock(db):  # the claim read 'claimed' and now waits
+                assert time.monotonic() < deadline and racer.is_alive(), got
+                time.sleep(0.02)
+        racer.join(30)
+        assert got and got[0] is not None and got[0].claim_id != first.claim_id
+        with db.read() as s:
+            events = s.execute(
+                select(AuditEvent.action, AuditEvent.details).where(
+                    AuditEvent.action.in_(("job.claim", "job.claim_lapsed"))
+                )
+            ).all()
+        lapses = [d["claim_id"] for a, d in events if a == "job.claim_lapsed"]
+        claims = [d for a, d in events if a == "job.claim"]
+        assert lapses == [first.claim_id]
+        assert len(claims) == 2 and claims[1]["reclaimed_from"] is None
+
+
+def _waiting_for_a_lock(db: Database) -> bool:
+    """Whether some other connection to ``db`` waits for a row lock now (PostgreSQL)."""
+    with db.read() as s:
+        return bool(
+            s.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        )
 
 
 def test_a_job_is_done_only_with_every_record_else_partial_naming_the_missing(
