@@ -677,7 +677,36 @@ static void spawn_drainer(struct capture *caps, int ncaps) {
     }
 }
 
-/* True while the group has a member that is not a zombie (zombies still take signals, so
+/* Whether /proc/<pid>, whose stat shows `state`, still has a thread that runs. A thread-group
+ * leader that ended alone (SYS_exit) shows Z while its other threads go on, so a zombie is
+ * gone only when every thread of it is (a trial's daemon hid from the verifier's sweep so;
+ * the observer, crucible_observer._live, tests the same way). */
+static int proc_alive(const char *pid, char state) {
+    if (state != 'Z' && state != 'X') return 1;
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/task", pid);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int live = 0;
+    struct dirent *e;
+    while (!live && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char tpath[600], buf[512];
+        snprintf(tpath, sizeof tpath, "/proc/%s/task/%s/stat", pid, e->d_name);
+        int fd = open(tpath, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        char *rp = strrchr(buf, ')'), st;
+        if (rp && sscanf(rp + 1, " %c", &st) == 1) live = st != 'Z' && st != 'X';
+    }
+    closedir(d);
+    return live;
+}
+
+/* True while the group has a member with a running thread (zombies still take signals, so
  * kill() alone cannot tell). Without /proc, any member counts. */
 static int group_has_live_member(pid_t pgid) {
     if (kill(-pgid, 0) < 0) return 0;
@@ -699,7 +728,7 @@ static int group_has_live_member(pid_t pgid) {
         char state;
         int ppid, pgrp;
         if (rp && sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) == 3)
-            live = pgrp == pgid && state != 'Z' && state != 'X';
+            live = pgrp == pgid && proc_alive(e->d_name, state);
     }
     closedir(d);
     return live;
@@ -1346,7 +1375,7 @@ static int descendants(pid_t *out, int max) {
         char *rp = strrchr(buf, ')'), state;
         int ppid;
         if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2) continue;
-        if (state == 'Z' || state == 'X') continue;
+        if (!proc_alive(e->d_name, state)) continue;
         pids[n] = (pid_t)atoi(e->d_name);
         ppids[n++] = (pid_t)ppid;
     }

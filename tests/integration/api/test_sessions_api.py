@@ -64,6 +64,43 @@ def test_kill_ends_the_whole_tree_including_detached_children(stack: Stack, sid:
     assert exec_(c, sid, "pgrep -c -f '^sleep 100[123]$' || true")["stdout"].strip() == "0"
 
 
+# A daemon whose thread-group leader ended alone (SYS_exit): /proc shows the leader as a
+# zombie while its worker thread goes on writing a count.
+ZOMBIE_LEADER = """
+import ctypes, os, threading, time
+def work():
+    n = 0
+    while True:
+        n += 1
+        with open("/tmp/zl.count", "w") as f:
+            f.write(str(n))
+        time.sleep(0.02)
+threading.Thread(target=work).start()
+time.sleep(0.2)
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
+"""
+
+
+def test_kill_ends_a_detached_process_whose_leader_is_a_zombie(stack: Stack, sid: str) -> None:
+    # Regression: the tree kill skipped every process whose /proc stat said Z, so a daemon
+    # whose leader called SYS_exit kept its running thread through the kill of its handle.
+    c = stack.alice
+    r = c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/zl.py"}, content=ZOMBIE_LEADER)
+    assert r.status_code in (200, 201), r.text
+    proc = start(c, sid, "setsid python3 /tmp/zl.py & sleep 1; echo up; wait")
+    assert output(c, sid, proc["handle"], wait_s=10)["data"] == "up\n"
+    count = "cat /tmp/zl.count; sleep 0.3; echo; cat /tmp/zl.count"
+    a, b = exec_(c, sid, count)["stdout"].split()
+    assert int(b) > int(a)  # the worker thread runs
+    states = exec_(c, sid, "ps -o stat= -C python3 || true")["stdout"].split()
+    assert states and states[0].startswith("Z"), states  # under a zombie leader
+    r = c.post(f"/v1/sandboxes/{sid}/processes/{proc['handle']}/signal", json={"signal": 9})
+    assert r.status_code == 200, r.text
+    time.sleep(0.2)
+    a, b = exec_(c, sid, count)["stdout"].split()
+    assert a == b, (a, b)  # nothing writes any more
+
+
 def test_stdin_by_handle_reaches_a_running_process(stack: Stack, sid: str) -> None:
     c = stack.alice
     proc = start(c, sid, 'echo ready; read -r line; echo "got:$line"; cat; echo eof')
