@@ -10,7 +10,9 @@ Across replicas (``service.coordination``): each template's pool is refilled and
 only by the replica holding its refill lock; warm demand is the combination of every live
 replica's; containers carry their creator's id (``crucible.replica``), and a replica's
 reconcile leaves alone what another live replica may own, while the pool loop reclaims the
-``starting`` rows and containers of replicas whose heartbeat lapsed.
+``starting`` rows and containers of replicas whose heartbeat lapsed. The writes the refill
+lock protects are fenced in the database (``advance_fence``): a holder paused past its
+lock's lapse adds no warm sandbox once a newer holder wrote.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, bindparam, exists, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service import audit, coordination, tenants, tracing
 from service.config import Settings
 from service.coordination import LABEL_REPLICA, Coordinator, InProcessCoordinator
 from service.db.engine import Database
-from service.db.models import Episode, Pool, Sandbox, utcnow
+from service.db.models import Episode, Pool, RefillFence, Sandbox, utcnow
 from service.errors import CrucibleError, NotFound
 from service.ids import new_id
 from service.metrics import (
@@ -102,6 +106,58 @@ def spec_for(
         env=template.env,
         cap_add=template.cap_add,
         disk_bytes=template.disk_mb << 20,
+    )
+
+
+class FencedOut(Exception):  # noqa: N818 - a refusal, caught in this module, never an API error
+    """A refill write of ``template`` carried fencing token ``token``, older than the
+    ``newest`` stored in ``refill_fences``: a newer holder of the refill lock has written,
+    so this write is refused (its transaction rolls back). Never leaves ``PoolManager``."""
+
+    def __init__(self, template: str, token: int, newest: int) -> None:
+        super().__init__(f"refill of {template} fenced out: token {token} is older than {newest}")
+        self.template, self.token, self.newest = template, token, newest
+
+
+_FENCES = RefillFence.__table__
+
+
+def advance_fence(s: Session, deployment: str, template: str, token: int | None) -> None:
+    """Check and advance ``template``'s fencing token in session ``s``'s transaction: call it
+    first in every transaction that writes what the refill lock protects.
+
+    The storage side of a lock with fencing tokens (Kleppmann, "How to do distributed
+    locking", 2016): ``UPDATE refill_fences SET token=:token WHERE token <= :token``, or the
+    row's INSERT when there is none (``ON CONFLICT DO NOTHING``, then the UPDATE once more:
+    a concurrent first writer's row). On PostgreSQL the UPDATE holds the row lock until the
+    transaction ends, so a newer holder's advance waits for this write's commit and a stale
+    one, arriving after it, matches no row; on SQLite writers are serialized already
+    (``BEGIN IMMEDIATE``).
+
+    Args:
+        s: a session inside a write transaction (``Database.session``).
+        deployment, template: the fence's key. token: the writer's fencing token (an int
+            from ``Coordinator.fence``); None writes unfenced (a coordinator without tokens:
+            one process, the advisory-lock fallback) and touches nothing.
+
+    Raises:
+        FencedOut: a larger token is stored; the caller lets the transaction roll back.
+    """
+    if token is None:
+        return
+    key = and_(_FENCES.c.deployment == deployment, _FENCES.c.template == template)
+    bump = update(_FENCES).where(key, _FENCES.c.token <= token).values(token=token)
+    if s.execute(bump.values(updated_at=utcnow())).rowcount:
+        return
+    insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    row = {"deployment": deployment, "template": template, "token": token, "updated_at": utcnow()}
+    made = insert(_FENCES).values(**row).on_conflict_do_nothing().returning(_FENCES.c.token)
+    if s.execute(made).first() is not None:  # (rowcount is -1 here on psycopg)
+        return
+    if s.execute(bump.values(updated_at=utcnow())).rowcount:
+        return
+    raise FencedOut(
+        template, token, int(s.execute(select(_FENCES.c.token).where(key)).scalar_one())
     )
 
 
@@ -397,10 +453,18 @@ class PoolManager:
             self._images_seen[image] = (present, now)
         return present
 
-    def _refill_one(self, template: Template) -> None:
+    def _refill_one(self, template: Template, token: int | None = None) -> None:
+        """Insert one ``starting`` row of ``template``, create its container, flip it to
+        ``warm``. ``token`` is the refill lock's fencing token when ``refill`` decided
+        (``Coordinator.fence``): the insert and the flip are fenced (``advance_fence``), so a
+        refiller that paused past its lock's lapse creates no container once a newer holder
+        wrote, and one that lost the lock mid-start fails its row (the container is
+        destroyed). Errors are logged, never raised (the loop goes on)."""
         sid = new_id("sb")
+        inserted = False
         try:
             with self.db.session() as s:
+                advance_fence(s, self.deployment, template.name, token)
                 s.add(
                     Sandbox(
                         id=sid,
@@ -413,8 +477,10 @@ class PoolManager:
                         metadata_={"replica": self.replica_id},
                     )
                 )
+            inserted = True
             self.start_container(sid, template)
             with self.db.session() as s:
+                advance_fence(s, self.deployment, template.name, token)
                 ok = s.execute(
                     update(Sandbox)
                     .where(Sandbox.id == sid, Sandbox.state == "starting")
@@ -425,6 +491,11 @@ class PoolManager:
                 self._destroy_row(sid)
             else:
                 POOL_CREATED.labels(template.name).inc()
+        except FencedOut as e:  # a newer refiller wrote: this one's lock lapsed
+            self.coord.fenced_out(template.name, e.newest)
+            if inserted:
+                POOL_DESTROYED_UNLEASED.labels(template.name, "failed").inc()
+                self.mark_failed(sid, str(e))
         except Exception as e:  # noqa: BLE001 - a failed refill must not kill the loop
             log.warning("warm start of %s failed: %s", template.name, e)
             POOL_DESTROYED_UNLEASED.labels(template.name, "failed").inc()
@@ -454,43 +525,55 @@ class PoolManager:
                 continue
             if not self._image_present(template.image):
                 continue
+            token = self.coord.fence(name)  # the hold that decided carries its token
             for _ in range(deficit):
                 with self._lock:
                     self._inflight[name] = self._inflight.get(name, 0) + 1
-                self._executor.submit(self._refill_one, template)
+                self._executor.submit(self._refill_one, template, token)
 
     def trim(self) -> None:
         """Destroy warm sandboxes in excess of each template's target (only for templates
-        whose refill lock this replica holds)."""
+        whose refill lock this replica holds; the release is fenced, ``advance_fence``)."""
         for name, lv in self.levels().items():
             excess = lv["warm"] - lv["target"]
             if excess <= 0 or not self._hold_refill(name):
                 continue
-            with self.db.session() as s:
-                ids = (
-                    s.execute(
-                        select(Sandbox.id)
-                        .where(
-                            Sandbox.deployment == self.deployment,
-                            Sandbox.template == name,
-                            Sandbox.state == "warm",
-                        )
-                        .order_by(Sandbox.created_at.desc())
-                        .limit(excess)
-                    )
-                    .scalars()
-                    .all()
-                )
-                for sid in ids:
-                    s.execute(
-                        update(Sandbox)
-                        .where(Sandbox.id == sid, Sandbox.state == "warm")
-                        .values(state="released", ended_at=utcnow())
-                        .execution_options(synchronize_session=False)
-                    )
+            try:
+                ids = self._trim_rows(name, excess, self.coord.fence(name))
+            except FencedOut as e:
+                self.coord.fenced_out(name, e.newest)
+                continue
             POOL_DESTROYED_UNLEASED.labels(name, "trim").inc(len(ids))
             for sid in ids:
                 self.destroy_async(sid)
+
+    def _trim_rows(self, name: str, excess: int, token: int | None) -> list[str]:
+        """Release the ``excess`` newest warm rows of ``name`` in one fenced transaction;
+        return their ids. Raises ``FencedOut`` (nothing released) for a stale ``token``."""
+        with self.db.session() as s:
+            advance_fence(s, self.deployment, name, token)
+            ids = list(
+                s.execute(
+                    select(Sandbox.id)
+                    .where(
+                        Sandbox.deployment == self.deployment,
+                        Sandbox.template == name,
+                        Sandbox.state == "warm",
+                    )
+                    .order_by(Sandbox.created_at.desc())
+                    .limit(excess)
+                )
+                .scalars()
+                .all()
+            )
+            for sid in ids:
+                s.execute(
+                    update(Sandbox)
+                    .where(Sandbox.id == sid, Sandbox.state == "warm")
+                    .values(state="released", ended_at=utcnow())
+                    .execution_options(synchronize_session=False)
+                )
+        return ids
 
     # -- ending ----------------------------------------------------------------------------
 

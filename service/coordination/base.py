@@ -40,6 +40,24 @@ class Coordinator(Protocol):
         """True when this replica is ``template``'s one refiller now (take or keep the lock)."""
         ...
 
+    def fence(self, template: str) -> int | None:
+        """The fencing token of this replica's latest hold of ``template``'s refill lock (a
+        positive int, larger for every new holder), or None when that hold carries no token
+        (the backend has none: ``service.pool`` then writes unfenced).
+
+        Read right after ``hold_refill`` returned True and carried with the writes that hold
+        decided: a token stays what it was after its lock lapsed (a stale token is what the
+        database's check refuses, ``service.pool.advance_fence``).
+        """
+        ...
+
+    def fenced_out(self, template: str, newest: int) -> None:
+        """The database refused a write of ``template`` carrying this replica's token:
+        ``newest`` (a larger token) is stored. Give up the lock if still held, and make
+        every later token larger than ``newest`` (the token source may have lost its count,
+        e.g. Redis restarted without persistence)."""
+        ...
+
     def put_demand(self, key: DemandKey, size: int) -> None:
         """Record this replica's demand ``size`` for ``key`` (kept alive while we are)."""
         ...

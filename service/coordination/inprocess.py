@@ -33,6 +33,15 @@ class InProcessCoordinator:
         """Always True: one process is its deployment's only refiller."""
         return True
 
+    def fence(self, template: str) -> None:
+        """None: no fencing. One process is its deployment's only refiller (a lone server
+        holds ``service.serverlock``), its "lock" is this object, which never lapses, so
+        there is no other holder whose writes a token would have to order against."""
+        return None
+
+    def fenced_out(self, template: str, newest: int) -> None:
+        """Never called (no tokens are issued); nothing to give up."""
+
     def put_demand(self, key: DemandKey, size: int) -> None:
         """Keep ``size`` for ``key`` (the larger of the old and the new)."""
         with self._lock:

@@ -6,7 +6,12 @@ Keys (prefix ``crucible:<deployment>:``):
 - ``refill:<template>``: the refill lock, ``<replica id>:<fencing token>``, ``PX ttl``;
   the token is ``INCR fence:<template>``, so each new holder's is larger than any before.
   Renewal is compare-and-expire (a Lua script): a holder whose lock lapsed and was taken
-  learns it on its next renewal and stops refilling.
+  learns it on its next renewal and stops refilling. A holder paused past the lapse may not
+  renew before it writes, so the database checks the token (``service.pool.advance_fence``,
+  table ``refill_fences``: a write carrying a token older than the newest stored is
+  refused; Kleppmann, "How to do distributed locking", 2016). A refused holder raises
+  ``fence:<template>`` to at least the stored token (``fenced_out``), so a counter Redis
+  lost (restart without persistence) cannot leave every later holder refused.
 - ``rate:<bucket>``: a token bucket (hash ``tokens``, ``ts``), taken by one Lua script on
   Redis's clock (``TIME``), so every replica draws from the same bucket.
 - ``inflight:<replica id>``: a set of what the replica is in the middle of (``sb:<id>``
@@ -18,7 +23,8 @@ Keys (prefix ``crucible:<deployment>:``):
   the field from every replica's hash (any replica may end the job that asked).
 
 While Redis cannot be reached: refill locks fall back to PostgreSQL advisory locks
-(``pglock``: one refiller still), demand is this replica's own, the live replica set is
+(``pglock``: one refiller still; its holds carry no token, so those writes are unfenced),
+demand is this replica's own, the live replica set is
 unknown (recovery then touches nothing another replica may own), rate limits are this
 replica's own buckets, subscribers are told of the gap (``on_gap``), and ``health`` says so.
 """
@@ -62,6 +68,12 @@ redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens),
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 return string.format('%.6f', wait)
 """
+_RAISE = """
+if tonumber(redis.call('get', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('set', KEYS[1], ARGV[1])
+end
+return 1
+"""
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
@@ -96,6 +108,7 @@ class RedisCoordinator:
         self._renew = self._r.register_script(_RENEW)
         self._release = self._r.register_script(_RELEASE)
         self._take = self._r.register_script(_TAKE)
+        self._raise = self._r.register_script(_RAISE)
         self._url = url
         self._buckets = TokenBuckets()  # while Redis is down
         self._subs: dict[str, list[tuple[Callable[[str], None], Callable[[], None]]]] = {}
@@ -106,6 +119,7 @@ class RedisCoordinator:
         self._busy: Counter[str] = Counter()
         self._pg = AdvisoryLocks(db_url, deployment)
         self._held: dict[str, int] = {}  # template -> fencing token (Redis lock)
+        self._tokens: dict[str, int | None] = {}  # template -> token of the latest hold
         self._demand: dict[DemandKey, int] = {}  # this replica's own (fallback, renewal)
         self._ok, self._detail = True, "not checked yet"
         self._lock = threading.Lock()
@@ -131,9 +145,34 @@ class RedisCoordinator:
     # -- refill lock -----------------------------------------------------------------------
 
     def fence(self, template: str) -> int | None:
-        """The fencing token of ``template``'s lock while this replica holds it."""
+        """The fencing token of this replica's latest hold of ``template``'s lock: the
+        ``INCR fence:<template>`` value it took the Redis lock with (kept after the lock
+        lapses: the database refuses it once a newer holder wrote); None when the latest
+        hold was the advisory-lock fallback (no token) or there was none."""
         with self._lock:
-            return self._held.get(template)
+            return self._tokens.get(template)
+
+    def fenced_out(self, template: str, newest: int) -> None:
+        """A write with this replica's token was refused, ``newest`` being stored: raise
+        ``fence:<template>`` to at least ``newest`` (Lua, atomic; the next ``INCR`` exceeds
+        it) and give up the lock if the token held is older than ``newest``. Redis errors
+        are recorded (``health``), not raised."""
+        key = f"{self._p}refill:{template}"
+        with self._lock:
+            token = self._held.get(template)
+            stale = token is not None and token < newest
+            if stale:
+                self._held.pop(template, None)
+        log.warning(
+            "refill of %s fenced out: a newer holder's token %d is stored", template, newest
+        )
+        try:
+            self._raise(keys=[f"{self._p}fence:{template}"], args=[newest])
+            if stale:
+                self._release(keys=[key], args=[f"{self.replica_id}:{token}"])
+            self._fine()
+        except redis.RedisError as e:
+            self._failed("raise fence", e)
 
     def hold_refill(self, template: str) -> bool:
         """Take or keep ``template``'s refill lock (Redis; advisory lock while it is down)."""
@@ -145,6 +184,8 @@ class RedisCoordinator:
                 if self._renew(keys=[key], args=[f"{self.replica_id}:{token}", self._ms]):
                     self._fine()
                     self._pg.release(template)
+                    with self._lock:
+                        self._tokens[template] = token
                     return True
                 with self._lock:
                     self._held.pop(template, None)
@@ -159,12 +200,17 @@ class RedisCoordinator:
             if got:
                 with self._lock:
                     self._held[template] = token
+                    self._tokens[template] = token
             return got
         except redis.RedisError as e:
             self._failed("refill lock", e)
             with self._lock:
                 self._held.pop(template, None)
-            return self._pg.hold(template)
+            held = self._pg.hold(template)
+            if held:
+                with self._lock:
+                    self._tokens[template] = None  # an advisory hold has no token
+            return held
 
     # -- demand ----------------------------------------------------------------------------
 

@@ -155,6 +155,26 @@ class Pool(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class RefillFence(Base):
+    """The newest fencing token that wrote a template's warm pool (the storage side of the
+    refill lock's fencing, Kleppmann, "How to do distributed locking", 2016).
+
+    Every write the refill lock protects (``service.pool.advance_fence``: a refill's
+    ``starting`` row, its flip to ``warm``, a trim) first raises ``token`` to the writer's
+    own in the same transaction and is refused when a larger one is stored, so a holder whose
+    lock lapsed (paused past its TTL) writes nothing after a newer holder did. ``token`` is
+    the Redis ``INCR fence:<template>`` value; writes without a token (one process, the
+    advisory-lock fallback) leave the row alone.
+    """
+
+    __tablename__ = "refill_fences"
+
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True)
+    template: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class AuditChain(Base):
     """The single head row of the audit hash chain; updating it serializes appenders."""
 
