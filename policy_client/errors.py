@@ -107,6 +107,11 @@ class CapacityError(SandboxError):
     """No sandbox could be provided right now (retried by the client like any 503)."""
 
 
+class SandboxStopped(ConflictError):
+    """The sandbox's container is not running (it stopped, e.g. everything in it was
+    killed): its end state is what it was when it stopped, and can still be verified."""
+
+
 class VerifierError(ServerError):
     """The verifier itself failed: an infrastructure error, never a reward of 0."""
 
@@ -120,6 +125,7 @@ _BY_TITLE: dict[tuple[int, str], type[APIError]] = {
     (502, "Sandbox runtime error"): SandboxError,
     (503, "No capacity"): CapacityError,
     (502, "Verifier error"): VerifierError,
+    (409, "Sandbox not running"): SandboxStopped,
 }
 
 _BY_STATUS: dict[int, type[APIError]] = {

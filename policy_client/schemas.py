@@ -92,6 +92,7 @@ class ExecOut(_Out):
     stdout_truncated: bool
     stderr_truncated: bool
     duration_ms: float
+    handler_lost: bool = False  # killed inside the sandbox before it reported (exit 137)
 
 
 class FileOut(_Out):

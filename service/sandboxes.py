@@ -570,6 +570,7 @@ def _exec_event(
             oom_killed=res.oom_killed,
             pids_limit_hit=res.pids_limit_hit,
             disk_limit_hit=res.disk_limit_hit,
+            handler_lost=res.handler_lost,
             stdout_bytes=res.stdout_total_bytes,
             stderr_bytes=res.stderr_total_bytes,
             duration_ms=round(res.duration_ms, 3),

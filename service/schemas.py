@@ -134,6 +134,12 @@ class ExecOut(_Model):
     stdout_truncated: bool
     stderr_truncated: bool
     duration_ms: float
+    handler_lost: bool = Field(
+        False,
+        description="The command's handler was killed inside the sandbox (by its own "
+        "processes, e.g. kill -9 -1, or its memory limit) before it could report: the "
+        "command counts as killed (exit_code 137), the output is what arrived before.",
+    )
 
 
 class ExecStreamLine(_Model):

@@ -87,6 +87,7 @@ def exec_out(res: ExecResult, *, b64: bool) -> ExecOut:
         stdout_truncated=res.stdout_truncated,
         stderr_truncated=res.stderr_truncated,
         duration_ms=res.duration_ms,
+        handler_lost=res.handler_lost,
     )
 
 

@@ -47,6 +47,12 @@ class SandboxSpec:
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
 
+class HandlerLost(SandboxError):
+    """The command's handler in the sandbox ended without a result after the request was
+    sent (the reply stream closed). The runtime turns it into an ``ExecResult`` with
+    ``handler_lost`` where the container still runs; it escapes only from the transports."""
+
+
 class EndStateUnreadable(SandboxError):
     """The end state itself cannot be read the way the runtime reads it (a path too long
     for the host, a name the host refuses): the agent's outcome, which verifiers score 0,
@@ -104,6 +110,11 @@ class ExecResult:
     killed). The three are sandbox-wide: a concurrent exec's event counts too.
     ``stdout``/``stderr`` hold at most ``max_output_bytes`` each (head + tail when
     ``*_truncated``); ``*_total_bytes`` count everything the command wrote.
+    ``handler_lost``: the command's handler in the sandbox was killed before it could
+    report (by the sandbox's own processes, ``kill -9 -1``, or its memory limit) while the
+    container went on running; ``exit_code`` is then 137 (``signal`` 9), and the output is
+    what arrived before. Only the sandbox's own processes or its limits can do that, so it
+    is the command's outcome, not a failure of Crucible.
     """
 
     exit_code: int
@@ -121,6 +132,7 @@ class ExecResult:
     duration_ms: float = 0.0
     observed: bytes = b""
     observed_truncated: bool = False
+    handler_lost: bool = False
 
 
 class ExecStream(Protocol):

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from service.errors import SandboxError
+from service.runtime.base import HandlerLost
 from service.runtime.protocol import FRAME_ERROR, FRAME_RESULT, Frame, FrameDecoder
 
 CHANNEL_MOUNT = "/opt/crucible-ctl"
@@ -325,7 +326,7 @@ def _read(sock: socket.socket, what: str, deadline: float, max_bytes: int) -> It
             sock.settimeout(left)
             data = sock.recv(1 << 16)
             if not data:
-                raise SandboxError(f"{what}: the channel closed without a result")
+                raise HandlerLost(f"{what}: the channel closed without a result")
             received += len(data)
             if received > max_bytes:
                 raise SandboxError(f"{what}: the reply exceeds {max_bytes} bytes")

@@ -69,6 +69,7 @@ from service.runtime.base import (
     ExecRequest,
     ExecResult,
     FsChange,
+    HandlerLost,
     PathStat,
     SandboxSpec,
 )
@@ -862,6 +863,8 @@ class DockerRuntime:
             frames = start()
         except (NotFound, Conflict, InvalidRequest):
             raise
+        except HandlerLost as e:  # before the first frame: the stream's result says so
+            frames = _raise_when_read(e)
         except SandboxError:
             if not self._reclaim_pids(container_id):
                 raise
@@ -870,6 +873,29 @@ class DockerRuntime:
         return _DockerExecStream(
             self, container_id, request, frames, pids_reclaimed=reclaimed, disk_hits=disk_hits
         )
+
+    def _lost_result(
+        self, container_id: str, collector: ExecCollector, started: float, cause: HandlerLost
+    ) -> ExecResult:
+        """The ``handler_lost`` result of a command whose handler ended without one
+        (``cause``), once the engine says the container still runs; ``started``: the
+        command's ``time.monotonic()``.
+
+        Raises ``SandboxStopped`` (the container stopped meanwhile), ``NotFound`` (it is
+        gone), or ``cause`` when the engine cannot say (its failure, not the sandbox's).
+        """
+        try:
+            state = self._api.inspect_container(container_id)["State"]
+        except docker.errors.NotFound as e:
+            raise NotFound(f"container {container_id}: not found") from e
+        except Exception:
+            raise cause from None
+        if not state.get("Running"):
+            raise SandboxStopped(
+                f"exec in container {container_id}: the container stopped while it ran"
+            ) from cause
+        log.info("container %s: %s; the command counts as killed", container_id, cause.detail)
+        return collector.lost((time.monotonic() - started) * 1000)
 
     def _finish(
         self,
@@ -1175,7 +1201,7 @@ class DockerRuntime:
             if demux.raw_text:
                 diag += demux.leftover()[:_DIAG_BYTES]
                 break
-        raise SandboxError(
+        raise HandlerLost(
             f"{what}: the exec supervisor ended without a result ({self._exit_note(exec_id, diag)})"
         )
 
@@ -1806,6 +1832,12 @@ def _capped(
         yield info, reader
 
 
+def _raise_when_read(error: Exception) -> Iterator[Frame]:
+    """Frames that raise ``error`` at the first read."""
+    raise error
+    yield  # a generator: nothing runs before the first read
+
+
 def _first_read(frames: Iterator[Frame]) -> Iterator[Frame]:
     """``frames`` with its first frame read now, so a start that fails (the supervisor could
     not fork, the engine could not exec) raises here."""
@@ -1841,6 +1873,7 @@ class _DockerExecStream:
         self._frames = frames
         self._pids_reclaimed, self._disk_hits = pids_reclaimed, disk_hits
         self._collector = ExecCollector()
+        self._started = time.monotonic()
         self._lock = threading.Lock()
         self._cancelled = False
         self._killed = False
@@ -1862,6 +1895,15 @@ class _DockerExecStream:
         """Stop the command if it still runs; end the iteration."""
         self._items.close()
 
+    def _finish(self, result: ExecResult) -> ExecResult:
+        return self._runtime._finish(
+            self._container_id,
+            result,
+            oom_known=self._collector.oom_known,
+            pids_reclaimed=self._pids_reclaimed,
+            disk_hits=self._disk_hits,
+        )
+
     def _kill_once(self) -> None:
         with self._lock:
             pid = self._collector.pid
@@ -1874,22 +1916,20 @@ class _DockerExecStream:
         collector = self._collector
         try:
             with contextlib.closing(self._frames):
-                for frame in self._frames:
-                    with self._lock:
-                        item = collector.add(frame)
-                        cancelled = self._cancelled
-                    if cancelled:  # cancel came before the started frame
-                        self._kill_once()
-                    if isinstance(item, ExecResult):
-                        yield self._runtime._finish(
-                            self._container_id,
-                            item,
-                            oom_known=collector.oom_known,
-                            pids_reclaimed=self._pids_reclaimed,
-                            disk_hits=self._disk_hits,
-                        )
-                    elif item is not None:
-                        yield item
+                try:
+                    for frame in self._frames:
+                        with self._lock:
+                            item = collector.add(frame)
+                            cancelled = self._cancelled
+                        if cancelled:  # cancel came before the started frame
+                            self._kill_once()
+                        if isinstance(item, ExecResult):
+                            yield self._finish(item)
+                        elif item is not None:
+                            yield item
+                except HandlerLost as e:
+                    rt, cid = self._runtime, self._container_id
+                    yield self._finish(rt._lost_result(cid, collector, self._started, e))
         finally:
             if collector.result is None:
                 self._kill_once()

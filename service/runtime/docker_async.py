@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 
 from service.errors import SandboxError
 from service.runtime import channel
-from service.runtime.base import ExecRequest, ExecResult
+from service.runtime.base import ExecRequest, ExecResult, HandlerLost
 from service.runtime.protocol import (
     FRAME_ERROR,
     ExecCollector,
@@ -64,10 +65,13 @@ async def exec_async(runtime: DockerRuntime, container_id: str, request: ExecReq
     max_bytes = 2 * request.max_output_bytes + 2 * request.observe_bytes + (1 << 20)
     disk_hits = runtime._disk.hits(container_id)
     collector = ExecCollector()
+    t0 = time.monotonic()
     try:
         result = await _converse(sock, record, collector, timeout_s, max_bytes, container_id)
     except _Fallback:
         return await run_in_threadpool(runtime.exec, container_id, request)
+    except HandlerLost as e:
+        result = await run_in_threadpool(runtime._lost_result, container_id, collector, t0, e)
     except asyncio.CancelledError:
         if collector.pid is not None and collector.result is None:
             pid, user = collector.pid, request.user
@@ -116,7 +120,7 @@ async def _converse(
             while True:
                 data = await loop.sock_recv(sock, 1 << 16)
                 if not data:
-                    raise SandboxError(f"{what}: the channel closed without a result")
+                    raise HandlerLost(f"{what}: the channel closed without a result")
                 received += len(data)
                 if received > max_bytes:
                     raise SandboxError(f"{what}: the reply exceeds {max_bytes} bytes")

@@ -330,6 +330,23 @@ class ExecCollector:
             return self.result
         raise SandboxError(f"exec supervisor sent an unexpected frame {chr(frame.kind)!r}")
 
+    def lost(self, duration_ms: float) -> ExecResult:
+        """The result of a command whose handler was killed before its ``R`` frame: exit
+        137 (SIGKILL), the output that arrived, ``handler_lost`` (see ``ExecResult``)."""
+        out, err = b"".join(self._out), b"".join(self._err)
+        self.result = ExecResult(
+            exit_code=137,
+            signal=9,
+            stdout=out,
+            stderr=err,
+            stdout_total_bytes=len(out),
+            stderr_total_bytes=len(err),
+            duration_ms=duration_ms,
+            observed=b"".join(self._obs),
+            handler_lost=True,
+        )
+        return self.result
+
     def _result(self, kv: Mapping[str, str]) -> ExecResult:
         self.oom_known = kv.get("oom_killed") != "-1"
         try:

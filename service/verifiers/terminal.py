@@ -343,6 +343,9 @@ def verify(
             # the tests ran killed it (a trial's child killed its crucible-exec).
             reason = f"the test command's supervisor was lost while the tests ran: {e.detail}"
             return _zero("supervisor_lost", reason, t0, **tampered)
+        if res.handler_lost:  # the same, told by the runtime as the command's result
+            reason = "the test command's supervisor was lost while the tests ran"
+            return _zero("supervisor_lost", reason, t0, **tampered)
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
         private: dict[str, Any] = {"log_tail": log_tail}
         if res.timed_out:

@@ -76,6 +76,28 @@ def test_command_not_found_is_127(docker_runtime: DockerRuntime, sandbox: str) -
     assert b"nonexistent-cmd" in argv.stderr
 
 
+def test_a_command_that_kills_its_own_handler_counts_as_killed(
+    docker_runtime: DockerRuntime, make_sandbox: Callable[..., str]
+) -> None:
+    # Regression: `kill -9 -1` kills every process the sandbox's root may signal, the
+    # command's handler too, and the exec was a SandboxError (502 through the API, and a
+    # rollout runner's "infrastructure": the sample re-rolled instead of scored). Not as
+    # root: that kills the sandbox's main process as well, and the container stops.
+    box = make_sandbox()
+    for stream in (False, True):
+        req = ExecRequest(cmd="kill -9 -1; sleep 5", timeout_s=30, user="1000:1000")
+        if stream:
+            items = list(docker_runtime.exec_stream(box, req))
+            result = items[-1]
+            assert isinstance(result, ExecResult)
+        else:
+            result = docker_runtime.exec(box, req)
+        assert (result.handler_lost, result.exit_code, result.signal) == (True, 137, 9)
+        assert not result.timed_out
+        assert run(docker_runtime, box, "echo after").stdout == b"after\n"  # still usable
+    assert not run(docker_runtime, box, "true").handler_lost
+
+
 def test_killed_by_signal_is_128_plus_n(docker_runtime: DockerRuntime, sandbox: str) -> None:
     result = run(docker_runtime, sandbox, "kill -9 $$")
     assert (result.exit_code, result.signal, result.oom_killed) == (137, 9, False)

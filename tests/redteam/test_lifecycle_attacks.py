@@ -265,3 +265,38 @@ def test_a_snapshot_still_committing_after_the_wait_scores_zero(
     v = rec["verifier"]
     assert (rec["reward"], v["status"]) == (0.0, "ok"), v
     assert v["details"]["dodge"] in ("snapshot_in_flight", None), v["details"]
+
+
+STOPPED = (409, "Sandbox not running")
+
+
+def test_killing_everything_a_user_may_is_the_commands_result(stack: Stack) -> None:
+    # Regression: `kill -9 -1` killed the command's handler too, and the exec answered 502
+    # (to a rollout runner "infrastructure": the sample re-rolled instead of scored).
+    r = stack.alice.post("/v1/sandboxes", json={"template": "terminal", "ttl_s": 300})
+    assert r.status_code == 201, r.text
+    url = f"/v1/sandboxes/{r.json()['id']}/exec"  # runs as the template's user, not root
+    r = stack.alice.post(url, json={"cmd": "kill -9 -1; sleep 5", "timeout_s": 30})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["handler_lost"], out["exit_code"], out["signal"]) == (True, 137, 9)
+    after = stack.alice.post(url, json={"cmd": "echo after"})
+    assert after.status_code == 200 and after.json()["stdout"] == "after\n", after.text
+    assert after.json()["handler_lost"] is False
+
+
+def test_an_agent_that_stops_its_own_sandbox_scores_zero(stack: Stack) -> None:
+    # Regression: as root, `kill -9 -1` also kills the sandbox's main process and the
+    # container stops; that exec and each later one answered 502.
+    ep = start(stack, TASK, "terminal")
+    url = f"/v1/sandboxes/{ep['sandbox_id']}/exec"
+    r = stack.alice.post(url, json={"cmd": "kill -9 -1; sleep 5", "timeout_s": 30})
+    if r.status_code == 200:  # the runtime looked before the container had stopped
+        assert r.json()["handler_lost"] is True and r.json()["exit_code"] == 137
+    else:
+        assert (r.status_code, r.json()["title"]) == STOPPED, r.text
+    time.sleep(1)
+    after = stack.alice.post(url, json={"cmd": "echo after"})
+    assert (after.status_code, after.json()["title"]) == STOPPED, after.text
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec

@@ -270,6 +270,7 @@ PRODUCERS: dict[type[errors.ClientError], Callable[[], httpx.Response | Exceptio
     errors.SandboxError: lambda: _problem(502, "Sandbox runtime error"),
     errors.CapacityError: lambda: _problem(503, "No capacity"),
     errors.VerifierError: lambda: _problem(502, "Verifier error"),
+    errors.SandboxStopped: lambda: _problem(409, "Sandbox not running"),
 }
 
 

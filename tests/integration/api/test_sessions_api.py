@@ -72,8 +72,9 @@ def work():
     n = 0
     while True:
         n += 1
-        with open("/tmp/zl.count", "w") as f:
+        with open("/tmp/zl.tmp", "w") as f:
             f.write(str(n))
+        os.replace("/tmp/zl.tmp", "/tmp/zl.count")  # a reader never sees it half written
         time.sleep(0.02)
 threading.Thread(target=work).start()
 time.sleep(0.2)
