@@ -8,9 +8,17 @@ failed with ``cause="verifier"`` (an attempt used; the server retries it a bound
 times); losing the server or the claim mid-episode (transport errors, 502/503 after the
 client's retries, the episode's sandbox or claim gone) is an ``infrastructure`` failure: the
 episode is not verified, the item is re-queued without using an attempt, and a retry re-runs
-only the samples still missing. A start the server refuses with a 4xx (a task image that does
-not build, ``TaskBuildFailed``; a malformed or removed task) fails the same way on every try:
-it completes the item with ``cause="verifier"`` and the server's reason, using an attempt.
+only the samples still missing. When the heartbeat finds the claim gone (it lapsed, or the
+server timed it out as a long tail, ``schedule.timeout``), the runner cuts the group at once:
+it cancels the episodes still in their turn loop and releases their sandboxes rather than
+running them on to their turn limit (their work can no longer count); the claim's next
+holder runs the item, resuming checkpointed samples. Each of the ``concurrency`` slots claims
+as its own worker (``f"{worker}.{slot}"``), so when the server hands a claim one slot lost to
+another slot of the same runner, the first one's heartbeat and complete are refused rather
+than renewing or completing the second one's claim. A start the server refuses with a 4xx
+(a task image that does not build, ``TaskBuildFailed``; a malformed or removed task) fails the
+same way on every try: it completes the item with ``cause="verifier"`` and the server's
+reason, using an attempt.
 The SDK retries every call but exec through restarts, so a worker rides out a control-plane
 restart; a worker killed mid-job loses at most its in-flight episodes, whose claims lapse
 back to the queue within the lease. Policy calls from all running episodes are gathered into
@@ -35,6 +43,20 @@ worker was lost, timed out or restarted) resumes those samples: each goes on in 
 forked from its checkpoint, at the checkpoint's turn, with the stored trajectory; the
 record's ``resumed_from`` names the checkpoint.
 
+Stragglers: a job whose ``schedule.straggler`` is ``{min_samples: m, deadline_s}`` (read once
+per job from ``GET /v1/jobs/{id}``) does not wait for its group's long tail. Once the claim is
+``deadline_s`` seconds old (timed from when the claim came back) and at least ``m`` of the
+group's samples have records (this claim's plus those an earlier claim recorded), the runner
+cancels the episodes still in their turn loop (an episode past it, closing up or verifying, is
+waited for), releases their sandboxes (``DELETE /v1/sandboxes/{id}``; the server then
+abandons those episodes, as a lapsed claim's) and completes the item ok: the server marks the
+missing samples ``stragglers`` (``progress.schedule.stragglers``) and expects no record of
+them. A recorded sample that failed verification still fails the item (``cause="verifier"``),
+as without a cut; an episode lost before the cut is one more missing sample. Before ``m``
+samples are recorded the deadline changes nothing (the group runs on, and is cut as soon as
+the ``m``-th record comes); a group whose samples all end before the deadline completes as
+usual. ``RolloutRunner.stragglers`` lists the episodes cut.
+
 Bounded staleness: every claim carries ``RolloutConfig.policy_version`` (the trainer sets it
 after each weight update); a job with ``max_staleness`` refuses such a claim (``run_job``
 raises the server's ``ConflictError``) or flags its samples.
@@ -53,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -98,6 +121,13 @@ log = logging.getLogger(__name__)
 # the episode is not verified and its sample is re-run by the item's retry.
 INFRASTRUCTURE = (TransportError, ServerError, ConflictError, NotFoundError)
 
+# The worker name a claim is held under: ``RolloutConfig.worker`` plus the runner's slot
+# (set by each of ``run_job``'s slots for the tasks it starts).
+_CLAIMANT: contextvars.ContextVar[str] = contextvars.ContextVar("claimant")
+
+# Why a group was cut short: the straggler policy's quorum, or the claim found gone.
+Cut = Literal["stragglers", "claim_lost"] | None
+
 
 def _start_cause(error: ClientError) -> str:
     """Why starting a group failed, as ``complete`` takes it: a 4xx answer other than a
@@ -129,6 +159,7 @@ class RolloutConfig:
     # The version of the weights sampling now (a trainer sets it after each update); every
     # claim carries it, so a job's max_staleness refuses or flags claims from older ones.
     policy_version: int | None = None
+    # Names this runner's claims: slot i of ``concurrency`` claims as ``f"{worker}.{i}"``.
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
 
 
@@ -168,7 +199,8 @@ class Batcher:
                 if len(actions) != len(items):
                     raise RuntimeError(f"policy returned {len(actions)} actions for {len(items)}")
                 for (_, fut), action in zip(items, actions, strict=True):
-                    fut.set_result(action)
+                    if not fut.done():  # a cancelled episode's (a straggler cut) is done
+                        fut.set_result(action)
             except Exception as e:  # noqa: BLE001 - handed to every waiting episode
                 for _, fut in items:
                     if not fut.done():
@@ -188,10 +220,32 @@ class EpisodeOutcome:
     task_id: str
 
 
+@dataclass(frozen=True)
+class StragglerPolicy:
+    """A job's ``schedule.straggler`` as the runner applies it: once a claim is
+    ``deadline_s`` seconds old and at least ``min_samples`` of the group's samples have
+    records, the group's other episodes are cut and the item completed (the server marks
+    the missing samples stragglers)."""
+
+    min_samples: int
+    deadline_s: float
+
+    @classmethod
+    def of(cls, schedule: dict[str, Any] | None) -> StragglerPolicy | None:
+        """The policy in a job's ``schedule`` (``JobOut.schedule``), or None when it has
+        none. Raises ``KeyError``/``TypeError``/``ValueError`` on a malformed one (the
+        server validates schedules, so that is a server bug)."""
+        st = (schedule or {}).get("straggler")
+        if not st:
+            return None
+        return cls(min_samples=int(st["min_samples"]), deadline_s=float(st["deadline_s"]))
+
+
 class RolloutRunner:
     """Drives a rollout job against a Crucible server with one policy.
 
     ``on_record`` is called with each ``RewardRecord`` as it is stored (progress bars).
+    ``stragglers`` lists the episode ids the runner cut under the job's straggler policy.
     """
 
     def __init__(
@@ -212,21 +266,30 @@ class RolloutRunner:
         )
         self.outcomes: list[EpisodeOutcome] = []
         self._resume: dict[str, dict[str, Any]] = {}  # episode id -> checkpoint state
+        self._stragglers: dict[str, StragglerPolicy | None] = {}  # job id -> its policy
+        self._verifying: set[str] = set()  # episodes past their turn loop (closing, verifying)
+        self.stragglers: list[str] = []  # episode ids cut as stragglers, for reports
         self.warnings: list[str] = []  # e.g. identical samples in a group at temperature > 0
 
     async def run_job(self, job_id: str) -> list[EpisodeOutcome]:
         """Work on ``job_id`` until no item is queued or claimed; return the outcomes."""
         try:
-            await asyncio.gather(*(self._worker(job_id) for _ in range(self.config.concurrency)))
+            await asyncio.gather(
+                *(self._worker(job_id, slot) for slot in range(self.config.concurrency))
+            )
         finally:
             await self.batcher.close()
         return self.outcomes
 
-    async def _worker(self, job_id: str) -> None:
+    async def _worker(self, job_id: str, slot: int) -> None:
+        # each slot claims as its own worker: when the server hands one slot's lost claim
+        # (lapsed, timed out) to another, the first slot's heartbeat and complete are refused
+        # instead of renewing or completing the other's claim
+        _CLAIMANT.set(f"{self.config.worker}.{slot}")
         while True:
             item = await self.client.claim(
                 job_id,
-                worker=self.config.worker,
+                worker=_CLAIMANT.get(),
                 lease_s=self.config.claim_lease_s,
                 policy_version=self.config.policy_version,
             )
@@ -238,7 +301,7 @@ class RolloutRunner:
                     return
                 await asyncio.sleep(1.0)  # others hold the rest; their claims may expire
                 continue
-            await self._run_item(item)
+            await self._run_item(item, claimed=time.monotonic())
 
     async def _heartbeat(self, item: WorkItemOut) -> None:
         """Renew the claim every third of its lease until cancelled (or the claim is lost)."""
@@ -247,10 +310,10 @@ class RolloutRunner:
             await asyncio.sleep(every)
             try:
                 await self.client.heartbeat_item(
-                    item.id, worker=self.config.worker, lease_s=self.config.claim_lease_s
+                    item.id, worker=_CLAIMANT.get(), lease_s=self.config.claim_lease_s
                 )
             except ConflictError:
-                return  # the claim lapsed: the server abandons its episodes
+                return  # the claim lapsed or timed out: the group's episodes are cut
             except ClientError:
                 continue  # the server is away; keep trying while the lease lasts
 
@@ -260,18 +323,136 @@ class RolloutRunner:
         # Conflict: the claim lapsed (or a replayed complete already finished the item).
         with contextlib.suppress(ConflictError, NotFoundError):
             await self.client.complete(
-                item.id, worker=self.config.worker, ok=ok, error=error, cause=cause
+                item.id, worker=_CLAIMANT.get(), ok=ok, error=error, cause=cause
             )
 
-    async def _run_item(self, item: WorkItemOut) -> None:
+    async def _run_item(self, item: WorkItemOut, *, claimed: float) -> None:
         queue_ms = max(0.0, (datetime.now(UTC) - item.created_at).total_seconds() * 1e3)
         beat = asyncio.create_task(self._heartbeat(item))
         try:
-            await self._run_claimed(item, queue_ms)
+            await self._run_claimed(item, queue_ms, claimed, beat)
         finally:
             beat.cancel()
 
-    async def _run_claimed(self, item: WorkItemOut, queue_ms: float) -> None:
+    async def _straggler_policy(self, job_id: str) -> StragglerPolicy | None:
+        """The job's straggler policy (read once per job from ``GET /v1/jobs/{id}``)."""
+        if job_id not in self._stragglers:
+            job = await self.client.get_job(job_id)
+            self._stragglers[job_id] = StragglerPolicy.of(job.schedule)
+        return self._stragglers[job_id]
+
+    async def _gather_group(
+        self,
+        item: WorkItemOut,
+        group: list[EpisodeOut],
+        queue_ms: float,
+        claimed: float,
+        beat: asyncio.Task,
+    ) -> tuple[list[EpisodeOutcome | BaseException], Cut]:
+        """Run the group's episodes; return each one's outcome or exception (in group order)
+        and why the group was cut short (None: every episode ran to its end).
+
+        ``"claim_lost"``: the heartbeat (``beat``, which ends only when the server refuses
+        it) found the claim gone (lapsed, or timed out as a long tail): the episodes' work
+        can no longer count, so they are cut at once rather than run to their turn limit.
+        ``"stragglers"``: the job has a straggler policy, the claim is ``deadline_s`` old
+        (``claimed``: ``time.monotonic()`` when the claim came back, no earlier than the
+        server's ``claimed_at``) and at least ``min_samples`` samples have records (those
+        recorded before this claim, which the group start left out, plus this claim's).
+        A cut cancels the episodes still in their turn loop (one past it, closing up or
+        verifying, is waited for) and releases their sandboxes; their results are
+        ``asyncio.CancelledError``."""
+        try:
+            policy = await self._straggler_policy(item.job_id) if group else None
+        except ClientError as e:  # the server is away: run the group out without the policy
+            log.warning(
+                "job %s: straggler policy unread (%s); running every sample", item.job_id, e
+            )
+            policy = None
+        tasks = [asyncio.create_task(self.run_episode(ep, queue_ms=queue_ms)) for ep in group]
+        try:
+            why = await self._watch_group(item, group, tasks, policy, claimed, beat)
+            if why is not None:
+                await self._cut(item, group, tasks, why)
+        except BaseException:  # cancelled meanwhile (the worker stops): no orphan episodes
+            for t in tasks:
+                t.cancel()
+            raise
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return list(results), why
+
+    async def _watch_group(
+        self,
+        item: WorkItemOut,
+        group: list[EpisodeOut],
+        tasks: list[asyncio.Task],
+        policy: StragglerPolicy | None,
+        claimed: float,
+        beat: asyncio.Task,
+    ) -> Cut:
+        """Wait until every episode of ``group`` (``tasks``, in group order) ended (None),
+        the heartbeat ``beat`` ended (``"claim_lost"``), or, under ``policy``, the claim is
+        ``deadline_s`` old with ``min_samples`` samples recorded (``"stragglers"``).
+        ``claimed``: ``time.monotonic()`` of the claim."""
+        before = item.group_size - len(group)  # samples recorded ok by an earlier claim
+        while True:
+            pending = {t for t in tasks if not t.done()}
+            if not pending:
+                return None
+            if beat.done():
+                return "claim_lost"
+            timeout = None
+            if policy is not None:
+                recorded = sum(
+                    1 for t in tasks if t.done() and not t.cancelled() and t.exception() is None
+                )
+                now, deadline = time.monotonic(), claimed + policy.deadline_s
+                if now >= deadline and before + recorded >= policy.min_samples:
+                    return "stragglers"
+                # before the deadline, wake at it; after it, only a new record changes things
+                timeout = deadline - now if now < deadline else None
+            await asyncio.wait(
+                pending | {beat}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    async def _cut(
+        self, item: WorkItemOut, group: list[EpisodeOut], tasks: list[asyncio.Task], why: Cut
+    ) -> None:
+        """Cancel the episodes of ``group`` still in their turn loop (``tasks`` in group
+        order), wait for them to unwind, and release their sandboxes (the server abandons
+        the episodes once the item is no longer under this claim, as a lapsed claim's)."""
+        cut = [
+            (ep, t)
+            for ep, t in zip(group, tasks, strict=True)
+            if not t.done() and ep.id not in self._verifying
+        ]
+        for _, t in cut:
+            t.cancel()
+        await asyncio.gather(*(t for _, t in cut), return_exceptions=True)
+        for ep, _ in cut:
+            log.info("item %s: sample %d cut (%s)", item.id, ep.sample_idx, why)
+            if why == "stragglers":
+                self.stragglers.append(ep.id)
+            await self._release(ep.sandbox_id)
+
+    async def _release(self, sandbox_id: str, *, tries: int = 20, wait_s: float = 0.5) -> None:
+        """Release a cut episode's sandbox. A 409 (the sandbox is mid-snapshot: a checkpoint
+        the cut interrupted goes on server-side) is retried ``tries`` times ``wait_s`` apart;
+        other errors are logged and left to the server's sweep."""
+        for _ in range(tries):
+            try:
+                await self.client.release(sandbox_id)
+                return
+            except ConflictError:
+                await asyncio.sleep(wait_s)
+            except ClientError as e:
+                log.warning("releasing %s failed: %s", sandbox_id, e)
+                return
+        log.warning("releasing %s: still busy after %d tries", sandbox_id, tries)
+
+    async def _run_claimed(
+        self, item: WorkItemOut, queue_ms: float, claimed: float, beat: asyncio.Task
+    ) -> None:
         try:
             group = await self._start_group(item)
         except ConflictError as e:
@@ -283,17 +464,19 @@ class RolloutRunner:
                 item, ok=False, error=f"{type(e).__name__}: {e}"[:2000], cause=_start_cause(e)
             )
             return
-        results = await asyncio.gather(
-            *(self.run_episode(ep, queue_ms=queue_ms) for ep in group), return_exceptions=True
-        )
+        results, why = await self._gather_group(item, group, queue_ms, claimed, beat)
         outcomes = [r for r in results if isinstance(r, EpisodeOutcome)]
         lost = [r for r in results if not isinstance(r, EpisodeOutcome)]
         self.outcomes.extend(outcomes)
         self._check_diversity(item, [o.record for o in outcomes])
         for r in lost:
+            if why is not None and isinstance(r, asyncio.CancelledError):
+                continue  # cut: a straggler, or an episode of a claim that is gone
             if not isinstance(r, ClientError):
                 raise r
-        if lost:
+        if why == "claim_lost":
+            return  # the claim's new holder runs the item (this claim's complete is refused)
+        if lost and why is None:  # after a straggler cut a lost episode is one more missing
             await self._complete(
                 item,
                 ok=False,
@@ -386,6 +569,12 @@ class RolloutRunner:
 
     async def run_episode(self, ep: EpisodeOut, *, queue_ms: float) -> EpisodeOutcome:
         """Run one episode's turn loop, then verify it into a record."""
+        try:
+            return await self._run_episode(ep, queue_ms=queue_ms)
+        finally:
+            self._verifying.discard(ep.id)
+
+    async def _run_episode(self, ep: EpisodeOut, *, queue_ms: float) -> EpisodeOutcome:
         ctx = EpisodeContext(
             episode_id=ep.id,
             sandbox_id=ep.sandbox_id,
@@ -499,6 +688,7 @@ class RolloutRunner:
             stop = "error"
             traj.error = f"{type(e).__name__}: {e}"
         finally:
+            self._verifying.add(ep.id)  # the turn loop is over: a straggler cut waits for it
             if session is not None:
                 with contextlib.suppress(ClientError):  # verification ends it anyway
                     await self.client.close_session(ep.sandbox_id, session.id)
