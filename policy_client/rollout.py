@@ -27,8 +27,11 @@ worker thread, so a GPU policy sees full batches.
 
 An episode stops at the done marker (``complete``), after ``max_turns`` policy turns
 (``max_turns``), when the task's agent timeout has passed (``agent_timeout``), when the
-policy reports a full context window (``context_length``), or on a client or policy failure
-(``error``, excluded from the loss; the record's ``error`` says what failed). Its record
+policy reports a full context window (``context_length``), when the sandbox's container
+stopped under it (``sandbox_stopped``: as root the agent can kill everything in it; the end
+state as it stopped is verified like any other, so stopping the sandbox is no way out of a
+0), or on a client or policy failure (``error``, excluded from the loss; the record's
+``error`` says what failed). Its record
 carries the prompt (``instruction``, ``prompt_messages``), ``prompt_ids`` and, per turn, the
 observation tokens (``loss_mask`` 0, logprob 0.0) then the sampled tokens (``loss_mask`` 1,
 their logprobs), so ``loss_mask`` and ``rollout_logprobs`` align with ``response_ids``. Token
@@ -91,10 +94,12 @@ from policy_client.calls import Call
 from policy_client.client import AsyncClient, Client
 from policy_client.errors import (
     APIError,
+    BadRequest,
     ClientError,
     ConflictError,
     NotFoundError,
     QuotaError,
+    SandboxStopped,
     ServerError,
     TransportError,
 )
@@ -663,12 +668,21 @@ class RolloutRunner:
                     )
                     continue
                 t0 = time.perf_counter()
-                res = await self.client.exec(
-                    ep.sandbox_id,
-                    parsed.command,
-                    cwd=ep.workdir,
-                    timeout_s=min(self.config.exec_timeout_s, remaining),
-                )
+                try:
+                    res = await self.client.exec(
+                        ep.sandbox_id,
+                        parsed.command,
+                        cwd=ep.workdir,
+                        timeout_s=min(self.config.exec_timeout_s, remaining),
+                    )
+                except (BadRequest, ConflictError) as e:
+                    if not await self._refused_by_its_sandbox(ep.sandbox_id, e):
+                        raise
+                    traj.env_ms += (time.perf_counter() - t0) * 1e3
+                    traj.turns.append({"action": parsed.command[:4000], "exit_code": None})
+                    refused = f"the command was refused: {e.detail}"
+                    messages.append({"role": "user", "content": observation(None, error=refused)})
+                    continue
                 traj.env_ms += (time.perf_counter() - t0) * 1e3
                 traj.turns.append(
                     {
@@ -682,6 +696,8 @@ class RolloutRunner:
                 if res.timed_out and time.monotonic() >= deadline:
                     stop = "agent_timeout"
                     break
+        except SandboxStopped:  # the agent's doing (caught before INFRASTRUCTURE: a 409 too)
+            stop = "sandbox_stopped"
         except INFRASTRUCTURE:
             raise  # the server or the sandbox went away: not the policy's failure
         except ClientError as e:
@@ -700,6 +716,24 @@ class RolloutRunner:
         if self.on_record:
             self.on_record(record)
         return EpisodeOutcome(record=record, task_id=ep.task_id)
+
+    async def _refused_by_its_sandbox(self, sandbox_id: str, error: APIError) -> bool:
+        """Whether an exec the server refused (``error``: 400 or 409) is the policy's outcome,
+        to show it as the turn's observation: a command the API cannot take (a NUL byte in
+        it, a bad field) or a sandbox that refuses it while still leased (its own processes
+        hold every pid). A 409 on a sandbox no longer leased (released when its claim
+        lapsed) is infrastructure, and a stopped sandbox ends the episode (the caller).
+        A trial's policy turned its 0s into excluded errors with a NUL byte, and into re-rolls
+        with a fork bomb (the next exec a 409)."""
+        if isinstance(error, SandboxStopped):
+            return False
+        if isinstance(error, BadRequest):
+            return True
+        try:
+            box = await self.client.get_sandbox(sandbox_id)
+        except ClientError:
+            return False
+        return box.state == "leased"
 
     async def _session_turn(
         self,

@@ -27,7 +27,9 @@ READABLE_VERSIONS = ("1", "2")
 
 MetadataValue = str | int | float | bool | None
 VerifierStatus = Literal["ok", "error", "timeout"]
-StopReason = Literal["complete", "max_turns", "agent_timeout", "context_length", "error"]
+StopReason = Literal[
+    "complete", "max_turns", "agent_timeout", "context_length", "sandbox_stopped", "error"
+]
 Missing = Literal["token_ids", "logprobs"]
 
 

@@ -80,7 +80,9 @@ MAX_PAGE = 1000
 """Most records ``query`` returns at once."""
 
 VerifierStatus = Literal["ok", "error", "timeout"]
-StopReason = Literal["complete", "max_turns", "agent_timeout", "context_length", "error"]
+StopReason = Literal[
+    "complete", "max_turns", "agent_timeout", "context_length", "sandbox_stopped", "error"
+]
 Normalize = Literal["none", "grpo", "mean", "domain_z"]
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]  # fits Parquet int32

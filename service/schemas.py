@@ -363,9 +363,9 @@ class VerifyIn(_Model):
     """``POST /v1/episodes/{id}/verify``: the trajectory the worker recorded."""
 
     policy: PolicyIn
-    stop_reason: Literal["complete", "max_turns", "agent_timeout", "context_length", "error"] = (
-        "complete"
-    )
+    stop_reason: Literal[
+        "complete", "max_turns", "agent_timeout", "context_length", "sandbox_stopped", "error"
+    ] = "complete"
     error: str | None = Field(None, max_length=4000)  # stop_reason "error": what failed
     exclude_from_loss: bool = False
     turns: list[TurnIn] = Field(default_factory=list)

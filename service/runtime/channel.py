@@ -334,9 +334,9 @@ def _read(sock: socket.socket, what: str, deadline: float, max_bytes: int) -> It
                 yield frame
                 if frame.kind in (FRAME_RESULT, FRAME_ERROR):
                     return
-    except TimeoutError as e:
-        raise SandboxError(f"{what}: no result on the channel within the timeout") from e
-    except OSError as e:
-        raise SandboxError(f"{what}: the channel failed: {e}") from e
+    except TimeoutError as e:  # the handler stopped (SIGSTOP) or hangs: the sandbox's doing
+        raise HandlerLost(f"{what}: no result on the channel within the timeout") from e
+    except OSError as e:  # reset: the handler was killed mid-reply
+        raise HandlerLost(f"{what}: the channel failed: {e}") from e
     finally:
         sock.close()

@@ -865,14 +865,28 @@ class DockerRuntime:
             raise
         except HandlerLost as e:  # before the first frame: the stream's result says so
             frames = _raise_when_read(e)
-        except SandboxError:
+        except SandboxError as e:
             if not self._reclaim_pids(container_id):
-                raise
+                stopped = self._stopped_or(container_id, e)
+                if stopped is e:
+                    raise
+                raise stopped from e
             reclaimed = True
             frames = start()
         return _DockerExecStream(
             self, container_id, request, frames, pids_reclaimed=reclaimed, disk_hits=disk_hits
         )
+
+    def _stopped_or(self, container_id: str, error: SandboxError) -> SandboxError:
+        """``SandboxStopped`` when the engine says the container is not running (an exec
+        the engine could not start because the container was stopping), else ``error``."""
+        try:
+            running = self._api.inspect_container(container_id)["State"].get("Running")
+        except Exception:
+            return error
+        if running:
+            return error
+        return SandboxStopped(f"exec in container {container_id}: the container is not running")
 
     def _lost_result(
         self, container_id: str, collector: ExecCollector, started: float, cause: HandlerLost
@@ -895,6 +909,8 @@ class DockerRuntime:
                 f"exec in container {container_id}: the container stopped while it ran"
             ) from cause
         log.info("container %s: %s; the command counts as killed", container_id, cause.detail)
+        if collector.pid is not None:  # a stopped handler's command may still run: end it
+            self._cancel(container_id, collector.pid, user=None)
         return collector.lost((time.monotonic() - started) * 1000)
 
     def _finish(
@@ -1179,7 +1195,8 @@ class DockerRuntime:
         try:
             yield from self._read_frames(conn, exec_id, what)
         except (OSError, requests.exceptions.RequestException) as e:
-            raise SandboxError(f"{what}: connection to the exec supervisor failed: {e}") from e
+            # after the request: its handler stopped (SIGSTOP: the read timed out) or died
+            raise HandlerLost(f"{what}: connection to the exec supervisor failed: {e}") from e
         finally:
             conn.close()
 

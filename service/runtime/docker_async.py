@@ -133,9 +133,9 @@ async def _converse(
                     item = collector.add(frame)  # raises what an X frame stands for
                     if isinstance(item, ExecResult):
                         return item
-    except TimeoutError as e:
-        raise SandboxError(f"{what}: no result on the channel within the timeout") from e
-    except OSError as e:
-        raise SandboxError(f"{what}: the channel failed: {e}") from e
+    except TimeoutError as e:  # the handler stopped (SIGSTOP) or hangs: the sandbox's doing
+        raise HandlerLost(f"{what}: no result on the channel within the timeout") from e
+    except OSError as e:  # reset: the handler was killed mid-reply
+        raise HandlerLost(f"{what}: the channel failed: {e}") from e
     finally:
         sock.close()

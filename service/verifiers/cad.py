@@ -74,7 +74,14 @@ larger than a cap, non-finite, or that makes the worker run out of time or memor
 crash scores 0 (``status=ok``) with the reason in ``gate`` and its cause in
 ``details["dodge"]``. Infrastructure failures (engine errors, no worker process, a Blender
 crash, unreadable PNGs, a missing or broken reference) are ``status=error`` with reward
-None; a render past its time limit is ``status=timeout``. Never a silent 0.
+None. Never a silent 0.
+
+The render's cost is the agent's to choose (a trial's 199,996 slivers, each spanning the
+view, made Blender test nearly every triangle on every ray: a wrong part past the time
+limit was ``status=timeout``, excluded from the loss, instead of its 0). So the render is
+waited for only when its score can change the reward (``core > 0``), and a render past
+its time limit scores its silhouette 0 (``details["private"]["render"]`` says so). An
+honest part renders in about 5 s against the 60 s limit.
 """
 
 from __future__ import annotations
@@ -261,6 +268,11 @@ class VerifierFailure(Exception):
         super().__init__(reason)
         self.reason = reason
         self.status = status
+
+
+class RenderTimeout(VerifierFailure):
+    """Blender did not finish the render check within ``render_timeout_s``: the agent's
+    mesh chose that cost, so ``verify`` scores the silhouette 0 instead."""
 
 
 # --------------------------------------------------------------------------- settings
@@ -706,7 +718,7 @@ def render_silhouettes(
     )
     tail = (res.stdout[-1500:] + res.stderr[-1500:]).decode("utf-8", "replace")
     if res.timed_out:
-        raise VerifierFailure(
+        raise RenderTimeout(
             f"the render check exceeded {settings.render_timeout_s} s", status="timeout"
         )
     if res.exit_code != 0:
@@ -826,6 +838,7 @@ def verify(
         return cid
 
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="crucible-cad")
+    skip_render = False  # True: a render still running is not waited for
     try:
         # The render sandbox starts while the output is read (it needs nothing from it).
         render_box = None
@@ -885,10 +898,17 @@ def verify(
                 step="measure",
                 what="measuring the mesh",
             )
-        silhouettes = None
-        if render is not None:
-            silhouettes, clock.marks["render"] = render.result()
-        worst = min(silhouettes.values()) if silhouettes else None
+        silhouettes, worst = None, None
+        if render is not None and score(measures, None, settings)[1]["core"] > 0:
+            try:
+                silhouettes, clock.marks["render"] = render.result()
+                worst = min(silhouettes.values())
+            except RenderTimeout as e:  # the mesh's own cost (module docstring)
+                private["render"] = e.reason
+                worst = 0.0
+        elif render is not None:  # core 0: the reward is 0 whatever the render says
+            render.cancel()
+            skip_render = True
         reward, components = score(measures, worst, settings)
         # The scores invert to the reference's geometry (a fourth trial read the
         # reference's volume to every digit off the public volume score and its own part's
@@ -915,7 +935,7 @@ def verify(
     except Exception as e:  # a verifier bug must never become a reward
         return done("error", None, reason=f"the CAD verifier failed: {type(e).__name__}: {e}")
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=not skip_render)  # its sandbox goes below: a render in it ends
         for container in created:
             dispose(container)
 

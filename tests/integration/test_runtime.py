@@ -98,6 +98,21 @@ def test_a_command_that_kills_its_own_handler_counts_as_killed(
     assert not run(docker_runtime, box, "true").handler_lost
 
 
+def test_a_command_that_stops_its_own_handler_counts_as_killed(
+    docker_runtime: DockerRuntime, make_sandbox: Callable[..., str]
+) -> None:
+    # Regression: a handler stopped by its own command (SIGSTOP) never replied, and past
+    # the read timeout the exec was a SandboxError (502: to a runner, infrastructure).
+    box = make_sandbox()
+    req = ExecRequest(cmd="kill -STOP $PPID; sleep 300", timeout_s=1, user="1000:1000")
+    result = docker_runtime.exec(box, req)
+    assert (result.handler_lost, result.exit_code) == (True, 137)
+    assert run(docker_runtime, box, "echo after").stdout == b"after\n"
+    if docker_runtime._channel_dir is not None:  # the channel's handler said the pid first
+        left = run(docker_runtime, box, "pgrep -c -x sleep || true").stdout.strip()
+        assert left == b"0", left  # the command was ended with its lost handler
+
+
 def test_killed_by_signal_is_128_plus_n(docker_runtime: DockerRuntime, sandbox: str) -> None:
     result = run(docker_runtime, sandbox, "kill -9 $$")
     assert (result.exit_code, result.signal, result.oom_killed) == (137, 9, False)

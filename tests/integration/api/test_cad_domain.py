@@ -4,6 +4,7 @@ misses earn partial credit; a crashing render check is an error, never a 0."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tarfile
 import time
@@ -196,3 +197,39 @@ def test_a_crashing_render_check_is_an_error_not_a_zero(
         True,
     )
     assert "render check crashed on purpose" in rec["verifier"]["details"]["reason"]
+
+
+@pytest.fixture
+def render_outruns_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blender runs a script that never finishes, under a 2 s render limit: what a mesh
+    whose render cost the agent chose (a trial's 199,996 view-spanning slivers) does."""
+    slow = tmp_path / "silhouettes.py"
+    slow.write_text("import time\ntime.sleep(120)\n")
+    monkeypatch.setattr(cad, "RENDER_SCRIPT", slow)
+    real = cad.check_for
+
+    def quick(task: Any) -> cad.CadCheck:
+        check = real(task)
+        settings = check.settings.model_copy(update={"render_timeout_s": 2.0})
+        return dataclasses.replace(check, settings=settings)
+
+    monkeypatch.setattr(cad, "check_for", quick)
+
+
+@pytest.mark.usefixtures("render_outruns_its_limit")
+def test_a_render_past_its_limit_is_the_parts_own_cost_not_a_timeout(stack: Stack) -> None:
+    # Regression (trial 18): a wrong part whose render outran its limit was
+    # status=timeout (excluded from the loss) instead of its 0. Now the render counts only
+    # where it can change the reward, and a render past its limit scores its silhouette 0.
+    washer = reference("washer")
+    above = washer.copy().apply_translation([0.0, 0.0, float(np.ptp(washer.bounds[:, 2])) + 5])
+    ep = start(stack, "washer")
+    upload(stack, ep, "/app/out/washer.obj", above.export(file_type="obj").encode())
+    rec = verify(stack, ep)  # every gate passes; no material where the washer is: core 0
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+    assert "silhouette" not in scores(stack, rec)
+    ep = start(stack, "washer")
+    run_oracle(stack, ep, "washer")  # right in every other measure
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.9, "ok"), rec["verifier"]
+    assert scores(stack, rec)["silhouette"] == 0.0
