@@ -3,6 +3,7 @@ recovery, pools start/stop)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -124,6 +125,11 @@ def create_app(
             await run_in_threadpool(bootstrap, c)
             if maintain_pools:
                 c.pools.start()
+            # What start-up made (modules, settings, templates, tasks) lives as long as the
+            # process: gc.freeze leaves it out of every later collection, so a full
+            # collection's pause scales with what requests hold, not with all that is
+            # loaded (the admin rewards page at size: slowest of 30 renders 271 -> ~150 ms).
+            gc.freeze()
             try:
                 yield
             finally:
