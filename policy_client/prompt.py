@@ -16,6 +16,15 @@ from policy_client.schemas import ExecOut
 PROMPT_VERSION = "1"
 DONE_MARKER = "<done/>"
 MAX_OBSERVATION_CHARS = 4000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """``text`` with every lone surrogate (U+D800..U+DFFF, which no UTF-8 request body can
+    carry) replaced by U+FFFD: a policy's reply holding one made the client's request
+    raise ``UnicodeEncodeError`` and the whole runner stop (a trial's)."""
+    return _SURROGATE.sub("\ufffd", text)
+
 
 SYSTEM_PROMPT = f"""You are an agent working in a Linux terminal to complete a task.
 Each turn, reply with exactly one command in a fenced block:

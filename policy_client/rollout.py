@@ -110,7 +110,13 @@ from policy_client.policies.base import (
     PolicyRequest,
     Traffic,
 )
-from policy_client.prompt import PROMPT_VERSION, initial_messages, observation, parse_action
+from policy_client.prompt import (
+    PROMPT_VERSION,
+    encodable,
+    initial_messages,
+    observation,
+    parse_action,
+)
 from policy_client.schemas import EpisodeOut, RewardRecord, ScreenOut, SessionOut, WorkItemOut
 from policy_client.session_episode import play_turn, turn_record
 from policy_client.session_prompt import (
@@ -129,6 +135,12 @@ INFRASTRUCTURE = (TransportError, ServerError, ConflictError, NotFoundError)
 # The worker name a claim is held under: ``RolloutConfig.worker`` plus the runner's slot
 # (set by each of ``run_job``'s slots for the tasks it starts).
 _CLAIMANT: contextvars.ContextVar[str] = contextvars.ContextVar("claimant")
+
+
+class _SessionEnded(Exception):
+    """A session episode's shell is gone while its sandbox is still leased (it exited, or the
+    agent killed it): the episode ends (``sandbox_stopped``) and is verified."""
+
 
 # Why a group was cut short: the straggler policy's quorum, or the claim found gone.
 Cut = Literal["stragglers", "claim_lost"] | None
@@ -636,6 +648,7 @@ class RolloutRunner:
                     stop = "error"
                     traj.error = f"policy: {type(e).__name__}: {e}"
                     break
+                action.text = encodable(action.text)  # no request could carry a lone surrogate
                 traj.policy_ms += (time.perf_counter() - t0) * 1e3
                 traj.add_tokens(action)
                 if action.info.get("text_only") and traj.missing_reason is None:
@@ -696,7 +709,7 @@ class RolloutRunner:
                 if res.timed_out and time.monotonic() >= deadline:
                     stop = "agent_timeout"
                     break
-        except SandboxStopped:  # the agent's doing (caught before INFRASTRUCTURE: a 409 too)
+        except (SandboxStopped, _SessionEnded):  # the agent's doing (a 409 too: caught first)
             stop = "sandbox_stopped"
         except INFRASTRUCTURE:
             raise  # the server or the sandbox went away: not the policy's failure
@@ -729,6 +742,10 @@ class RolloutRunner:
             return False
         if isinstance(error, BadRequest):
             return True
+        return await self._leased(sandbox_id)
+
+    async def _leased(self, sandbox_id: str) -> bool:
+        """Whether the server still holds the sandbox leased (False when it cannot say)."""
         try:
             box = await self.client.get_sandbox(sandbox_id)
         except ClientError:
@@ -754,14 +771,27 @@ class RolloutRunner:
                 {"role": "user", "content": screen_observation(None, error=parsed.error)}
             )
             return False, screen
-        played = await play_turn(
-            self.client,
-            ep.sandbox_id,
-            session_id,
-            [(c.keystrokes, c.duration_s) for c in parsed.commands],
-            before=screen,
-            remaining_s=max(0.0, deadline - time.monotonic()),
-        )
+        try:
+            played = await play_turn(
+                self.client,
+                ep.sandbox_id,
+                session_id,
+                [(c.keystrokes, c.duration_s) for c in parsed.commands],
+                before=screen,
+                remaining_s=max(0.0, deadline - time.monotonic()),
+            )
+        except (BadRequest, ConflictError, NotFoundError) as e:
+            if isinstance(e, BadRequest):  # keys the API refuses (over its size): shown
+                traj.turns.append(turn_record(text, None))
+                seen = screen_observation(None, error=f"the keys were refused: {e.detail}")
+                messages.append({"role": "user", "content": seen})
+                return False, screen
+            if isinstance(e, SandboxStopped) or not await self._leased(ep.sandbox_id):
+                raise  # stopped: the caller ends the episode; not leased: infrastructure
+            # The sandbox is leased but its session is gone (the shell exited, or the
+            # agent killed it): no more keys can reach it, so the episode ends and its end
+            # state is verified (a trial's `exit` re-rolled the sample 30 times).
+            raise _SessionEnded(str(e)) from e
         traj.env_ms += played.env_ms
         traj.turns.append(turn_record(text, played))
         messages.append({"role": "user", "content": screen_observation(played.screen)})

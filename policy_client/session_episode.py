@@ -106,6 +106,6 @@ def turn_record(action: str, turn: SessionTurn | None) -> dict[str, Any]:
         "action": action[:4000],
         "exit_code": None,
         "duration_ms": turn.env_ms,
-        "keys": turn.keys,
+        "keys": [k[:4000] for k in turn.keys],  # a summary, as ``action`` is
         "screen": screen_text(turn.screen),
     }

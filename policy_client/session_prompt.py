@@ -16,14 +16,17 @@ terminal emulator renders it, capped at ``MAX_SCREEN_CHARS``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
+from policy_client.prompt import encodable
 from policy_client.schemas import ScreenOut
 
 SESSION_PROMPT_VERSION = "terminus-1"
 MAX_SCREEN_CHARS = 8000
 MAX_DURATION_S = 600.0
+MAX_COMMANDS = 1024  # keys per turn the server records (``TurnIn.keys``)
 
 SESSION_SYSTEM_PROMPT = """You are an agent at a Linux terminal: a bash shell on a pseudo-terminal.
 Each turn, reply with exactly one JSON object:
@@ -68,15 +71,22 @@ def parse_keys_action(text: str) -> ParsedKeys:
     done = data.get("task_complete", False)
     if not isinstance(raw, list) or not isinstance(done, bool):
         return ParsedKeys(error="commands must be a list and task_complete a boolean")
+    if len(raw) > MAX_COMMANDS:  # a verify of the turn would be refused (a trial's re-rolls)
+        return ParsedKeys(error=f"at most {MAX_COMMANDS} commands per turn, not {len(raw)}")
     commands = []
     for i, c in enumerate(raw):
         keys = c.get("keystrokes") if isinstance(c, dict) else None
         duration = c.get("duration", 1.0) if isinstance(c, dict) else None
-        if not isinstance(keys, str) or not isinstance(duration, int | float) or duration < 0:
+        if (
+            not isinstance(keys, str)
+            or not isinstance(duration, int | float)
+            or not math.isfinite(duration)  # NaN passed `< 0` and erased the deadline
+            or duration < 0
+        ):
             return ParsedKeys(
                 error=f"commands[{i}] needs keystrokes (a string) and duration (seconds >= 0)"
             )
-        commands.append(KeysCommand(keys, min(float(duration), MAX_DURATION_S)))
+        commands.append(KeysCommand(encodable(keys), min(float(duration), MAX_DURATION_S)))
     return ParsedKeys(commands=commands, done=done)
 
 

@@ -8,12 +8,18 @@ attempt used), so no action of the agent's may look like one:
   Now the episode ends (``sandbox_stopped``) and its end state is verified like any other;
 - a NUL byte in a command: the exec answers 400 and the runner ended the episode as an
   ``error`` (excluded from the loss). A command the API refuses, and a 409 from a sandbox
-  still leased, are now the turn's observation and the episode goes on.
+  still leased, are now the turn's observation and the episode goes on;
+- (trial 19, session episodes) ``exit`` ends the session's shell, and each later send-keys
+  answered 409: re-rolled 30 times. A session gone from a leased sandbox now ends the
+  episode (``sandbox_stopped``) and it is verified; keys the API refuses (over its size)
+  ended it as an ``error``: now the turn's observation; a lone surrogate in a reply made the
+  client raise ``UnicodeEncodeError`` and stopped the whole runner: now U+FFFD.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -62,8 +68,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     yield from start_stack(tmp_path_factory.mktemp("runner-dodges"))
 
 
-def _run(stack: Stack, policy: Script) -> tuple[dict[str, Any], RolloutRunner]:
-    """Run a one-sample job of ``TASK`` with ``policy`` through the bundled runner."""
+def _run(stack: Stack, policy: Script, **config: Any) -> tuple[dict[str, Any], RolloutRunner]:
+    """Run a one-sample job of ``TASK`` with ``policy`` through the bundled runner
+    (``config``: more ``RolloutConfig`` fields)."""
     r = stack.alice.post(
         "/v1/jobs",
         json={
@@ -84,7 +91,7 @@ def _run(stack: Stack, policy: Script) -> tuple[dict[str, Any], RolloutRunner]:
                     aclient,
                     policy,  # type: ignore[arg-type]
                     sync_client=client,
-                    config=RolloutConfig(concurrency=1, max_turns=5, batch_wait_s=0.01),
+                    config=RolloutConfig(concurrency=1, max_turns=5, batch_wait_s=0.01, **config),
                 )
                 await asyncio.wait_for(runner.run_job(job["id"]), 120)
                 return runner
@@ -142,3 +149,37 @@ def test_a_409_is_the_policys_only_while_its_sandbox_is_leased(stack: Stack) -> 
             return [leased, is_stopped, released]
 
     assert asyncio.run(go()) == [True, False, False]
+
+
+def _keys(*keys: str) -> str:
+    return json.dumps({"commands": [{"keystrokes": k, "duration": 1} for k in keys]})
+
+
+@pytest.mark.parametrize("end", ["exit\n", "kill -9 -1\n"])
+def test_a_session_whose_shell_is_gone_is_verified_not_re_rolled(stack: Stack, end: str) -> None:
+    done = json.dumps({"commands": [], "task_complete": True})
+    policy = Script([_keys(end), _keys("ls\n"), done])
+    job, runner = _run(stack, policy, mode="session")
+    _played_once(stack, job, policy)
+    (outcome,) = runner.outcomes
+    rec = outcome.record
+    assert (rec.reward, rec.verifier.status, rec.stop_reason) == (0.0, "ok", "sandbox_stopped")
+
+
+def test_session_keys_the_api_refuses_are_an_observation_not_an_error(stack: Stack) -> None:
+    done = json.dumps({"commands": [], "task_complete": True})
+    policy = Script([_keys("x" * (1 << 21)), done])
+    job, runner = _run(stack, policy, mode="session")
+    _played_once(stack, job, policy)
+    rec = runner.outcomes[0].record
+    assert (rec.reward, rec.verifier.status, rec.stop_reason) == (0.0, "ok", "complete")
+    assert rec.exclude_from_loss is False
+
+
+def test_a_reply_with_a_lone_surrogate_does_not_stop_the_runner(stack: Stack) -> None:
+    policy = Script(["```bash\necho a\ud800b\n```", DONE_MARKER])
+    job, runner = _run(stack, policy)
+    _played_once(stack, job, policy)
+    rec = runner.outcomes[0].record
+    assert (rec.reward, rec.verifier.status, rec.exclude_from_loss) == (0.0, "ok", False)
+    assert rec.turns[0].exit_code == 0

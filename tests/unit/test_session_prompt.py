@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from policy_client.prompt import encodable
 from policy_client.schemas import ScreenOut
 from policy_client.session_prompt import (
     MAX_DURATION_S,
@@ -46,12 +47,25 @@ def test_a_terminus_reply_parses_bare_or_fenced() -> None:
         ('{"commands": [{"keys": "ls"}]}', "commands[0] needs keystrokes"),
         ('{"commands": [{"keystrokes": "ls", "duration": -1}]}', "commands[0] needs"),
         ('{"commands": [{"keystrokes": 5}]}', "commands[0] needs"),
+        # a trial's NaN passed `< 0` and erased the episode's deadline
+        ('{"commands": [{"keystrokes": "ls", "duration": NaN}]}', "commands[0] needs"),
+        ('{"commands": [{"keystrokes": "ls", "duration": Infinity}]}', "commands[0] needs"),
+        # more keys than a turn's record holds: its verify was refused (a trial's re-rolls)
+        ('{"commands": [' + ", ".join(['{"keystrokes": "x"}'] * 1025) + "]}", "at most 1024"),
     ],
 )
 def test_malformed_replies_say_why(reply: str, message: str) -> None:
     parsed = parse_keys_action(reply)
     assert parsed.error is not None and message in parsed.error
     assert parsed.commands == [] and not parsed.done
+
+
+def test_keys_no_request_can_carry_become_a_replacement_character() -> None:
+    # Regression: "\\ud800" in the JSON became a lone surrogate, and the client's request
+    # raised UnicodeEncodeError, stopping the whole runner (a trial's).
+    parsed = parse_keys_action('{"commands": [{"keystrokes": "a\\ud800b"}]}')
+    assert parsed.commands == [KeysCommand("a\ufffdb", 1.0)]
+    assert encodable("x\ud800y\udfffz") == "x\ufffdy\ufffdz"
 
 
 def test_prompt_is_seen_at_the_cursor_only() -> None:
