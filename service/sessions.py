@@ -8,7 +8,8 @@ sandbox's supervisor (``service.runtime.keeper``), with a terminal emulator (``p
   quoted strings and ``if ... fi`` over lines included).
 - ``keys``: raw text or named keys (``terminal_keys.toml``) to the terminal.
 - ``screen``: every byte the terminal showed since the last read, fed to a ``pyte``
-  ``HistoryScreen``; returns the display, the cursor and the scrollback.
+  ``HistoryScreen``; returns the display, the cursor and the scrollback. The feed never
+  raises on what the sandbox printed and stops at ``FEED_BUDGET_S`` (``feed_terminal``).
 - ``resize``, ``close``.
 
 The shell is ``bash --norc --noprofile -i`` (``PS1='$ '`` unless the caller sets it); any
@@ -19,6 +20,8 @@ the shell, so they persist between calls. Output caps, timeouts and audit events
 from __future__ import annotations
 
 import base64
+import logging
+import math
 import threading
 import time
 import tomllib
@@ -53,6 +56,22 @@ END_MARK = b"\x1b]133;D\x07"
 READY_TIMEOUT_S = 5.0
 HISTORY_LINES = 2000
 _BRACKETED_PASTE_OFF = b"\x1b[?2004l\r"  # readline accepted the line (bash >= 5.1)
+# The emulator's time per screen read, in seconds (wall clock). Every byte the sandbox's
+# terminal printed is parsed here, in a server thread, under the session's lock, and pyte's
+# cost per byte depends on the bytes: plain text is about 5 us a byte, but one DECALN
+# (``ESC # 8``, 3 bytes) rewrites every cell (about 5 ms at 80x24), so a 1 MiB ring of them
+# was 20 minutes of CPU in one read. Half the budget goes to the backlog from its start
+# (normal output fits whole: about 100 KB of text), the other half to its newest bytes (so
+# the prompt after a flood shows); what lies between, or past the budget, is not rendered
+# and is counted in the read's ``dropped``. The budget is checked between pyte's events, so
+# each half can overrun by one event, which touches at most rows * cols cells (~5 ms at
+# 80x24, ~2 s at the largest screen, 1000x1000, which the caller chose).
+FEED_BUDGET_S = 1.0
+FEED_CHUNK_BYTES = 512  # fed per call to pyte (the budget is also checked between chunks)
+TAIL_MIN_BYTES = 256  # the newest bytes fed once the budget's first half is spent
+TAIL_MAX_BYTES = 64 * 1024
+_log = logging.getLogger("crucible.sessions")
+_now = time.perf_counter
 
 
 @dataclass(slots=True)
@@ -69,7 +88,7 @@ class Session:
     cols: int
     max_output_bytes: int
     screen: pyte.HistoryScreen
-    stream: pyte.ByteStream
+    stream: GuardedStream
     fed: int = 0  # terminal bytes fed to the screen so far
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -78,10 +97,119 @@ _lock = threading.Lock()
 _sessions: dict[str, Session] = {}
 
 
-def _new_screen(rows: int, cols: int) -> tuple[pyte.HistoryScreen, pyte.ByteStream]:
+class _Overrun(Exception):
+    """The stream's deadline passed (raised between two of pyte's events)."""
+
+
+class GuardedStream(pyte.ByteStream):
+    """A ``pyte.ByteStream`` that never raises on what it is fed: an exception out of pyte
+    while it parses or applies one sequence (``ESC [ 4 J``: ``erase_in_display`` has no case
+    for it; a CSI parameter of over 4300 digits: ``int()`` refuses it) skips that sequence,
+    as a terminal ignores one it does not know, and counts it in ``errors``. The parser starts
+    afresh (as pyte's own ``_send_to_parser`` does), and the bytes after it parse as usual.
+    ``deadline`` (``time.perf_counter()``) is checked after each event: past it, ``feed``
+    raises ``_Overrun`` (``feed_terminal`` then drops the stream)."""
+
+    def __init__(self, screen: pyte.HistoryScreen, errors: int = 0) -> None:
+        super().__init__(screen)
+        self.errors = errors
+        self.deadline = math.inf
+
+    def _send_to_parser(self, data: str) -> bool | None:
+        # pyte's own, inlined (this runs once per control character), plus the two guards.
+        try:
+            taking_text = self._parser.send(data)  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001 - any sequence the emulator fails on is skipped
+            self._initialize_parser()
+            self.errors += 1
+            _log.debug("terminal emulator skipped a sequence: %r", e)
+            taking_text = True  # the fresh parser is at the ground state
+        if taking_text and _now() > self.deadline:  # True: a sequence (an event) is done
+            raise _Overrun
+        return taking_text
+
+
+def _new_screen(rows: int, cols: int) -> tuple[pyte.HistoryScreen, GuardedStream]:
     screen = pyte.HistoryScreen(cols, rows, history=HISTORY_LINES, ratio=0.5)
     screen.set_mode(pyte.modes.LNM)
-    return screen, pyte.ByteStream(screen)
+    return screen, GuardedStream(screen)
+
+
+@dataclass(frozen=True, slots=True)
+class Fed:
+    """What ``feed_terminal`` did: ``stream`` to feed next (a fresh one when bytes were
+    skipped), ``dropped`` bytes not rendered (past the budget), ``errors`` sequences skipped
+    because pyte failed on them."""
+
+    stream: GuardedStream
+    dropped: int
+    errors: int
+
+
+def _feed_chunks(stream: GuardedStream, data: bytes, pos: int) -> tuple[int, bool]:
+    """Feed ``data[pos:]`` until the stream's deadline. Returns the offset fed up to and
+    whether the deadline stopped a chunk midway (the chunk at that offset, partly fed)."""
+    while pos < len(data):
+        chunk = data[pos : pos + FEED_CHUNK_BYTES]
+        try:
+            stream.feed(chunk)
+        except _Overrun:
+            return pos, True
+        except Exception as e:  # noqa: BLE001 - out of pyte's own loop (a draw): skip the chunk
+            stream.errors += 1
+            _log.debug("terminal emulator skipped %d bytes: %r", len(chunk), e)
+        pos += len(chunk)
+        if time.perf_counter() > stream.deadline:
+            break
+    return pos, False
+
+
+def _resync(data: bytes, at: int) -> int:
+    """A point at or after ``at`` to start parsing again: a newline (fed, so the tail starts
+    on a fresh line), else an escape, else ``at``."""
+    nl = data.find(b"\n", at)
+    if nl >= 0:
+        return nl
+    esc = data.find(b"\x1b", at)
+    return esc if esc >= 0 else at
+
+
+def feed_terminal(
+    screen: pyte.HistoryScreen,
+    stream: GuardedStream,
+    data: bytes,
+    *,
+    budget_s: float = FEED_BUDGET_S,
+) -> Fed:
+    """Feed ``data`` to the emulator within ``budget_s`` seconds (``FEED_BUDGET_S``); never
+    raises on what ``data`` holds. Output that fits is fed whole, exactly as pyte would; past
+    half the budget the backlog's middle is skipped and its newest bytes (what the remaining
+    half is likely to parse, ``TAIL_MIN_BYTES``..``TAIL_MAX_BYTES``) are fed on a fresh
+    parser; what the budget still leaves is dropped. Returns the stream to use next."""
+    errors0 = stream.errors
+    t0 = time.perf_counter()
+    stream.deadline = t0 + budget_s / 2
+    fed, stopped = _feed_chunks(stream, data, 0)
+    rendered = fed
+    if fed < len(data):
+        spent = max(time.perf_counter() - t0, 1e-6)
+        keep = int(min(TAIL_MAX_BYTES, max(TAIL_MIN_BYTES, fed / spent * budget_s / 4)))
+        skip_to = fed + FEED_CHUNK_BYTES if stopped else fed  # a chunk partly fed: not again
+        start = _resync(data, max(skip_to, len(data) - keep))
+        stream = GuardedStream(screen, stream.errors)  # fresh parser and UTF-8 decoder
+        if start < len(data):
+            stream.deadline = time.perf_counter() + budget_s / 2
+            end, _ = _feed_chunks(stream, data, start)
+            rendered += end - start
+            if end < len(data):  # the next read's bytes would start mid-sequence
+                stream = GuardedStream(screen, stream.errors)
+    stream.deadline = math.inf
+    errors = stream.errors - errors0
+    if errors:
+        screen.ensure_hbounds()
+        screen.ensure_vbounds()
+        _log.info("terminal emulator skipped %d sequence(s) it failed on", errors)
+    return Fed(stream=stream, dropped=len(data) - rendered, errors=errors)
 
 
 def _is_bash(shell: str) -> bool:
@@ -333,7 +461,9 @@ class ScreenView:
     """The terminal as rendered: ``display`` rows (``rows`` strings of ``cols`` characters),
     ``cursor`` (row, col), ``scrollback`` lines that scrolled off the top (oldest first),
     ``bytes_total`` terminal bytes so far, ``dropped`` bytes lost before they were rendered
-    (the ring in the sandbox overflowed between reads), ``running`` whether the shell lives."""
+    (the ring in the sandbox overflowed between reads, or the emulator's ``FEED_BUDGET_S``
+    ran out), ``running`` whether the shell lives, ``render_errors`` sequences the emulator
+    failed on and skipped in this read."""
 
     display: list[str]
     cursor: tuple[int, int]
@@ -342,6 +472,7 @@ class ScreenView:
     dropped: int
     running: bool
     exit_code: int | None
+    render_errors: int = 0
 
 
 def _line(row: Any, cols: int) -> str:
@@ -364,19 +495,31 @@ def screen(
         out = keeper.read(
             ctx.runtime, row.container_id, sess.handle, offset=sess.fed, wait_s=wait_s
         )
-        sess.stream.feed(out.data)
+        fed = feed_terminal(sess.screen, sess.stream, out.data)
+        sess.stream = fed.stream
         sess.fed = out.next
         scr = sess.screen
-        history = [_line(r, scr.columns) for r in scr.history.top]
+        try:
+            display, history = _render(scr)
+        except Exception as e:  # noqa: BLE001 - a state pyte cannot render: start it afresh
+            _log.warning("terminal emulator could not render session %s: %r", sess.id, e)
+            scr.reset()
+            display, history = _render(scr)
         return ScreenView(
-            display=[line.rstrip() for line in scr.display],
+            display=display,
             cursor=(scr.cursor.y, scr.cursor.x),
             scrollback=history,
             bytes_total=out.next,
-            dropped=out.dropped,
+            dropped=out.dropped + fed.dropped,
             running=out.status.running,
             exit_code=out.status.exit_code,
+            render_errors=fed.errors,
         )
+
+
+def _render(scr: pyte.HistoryScreen) -> tuple[list[str], list[str]]:
+    history = [_line(r, scr.columns) for r in scr.history.top]
+    return [line.rstrip() for line in scr.display], history
 
 
 def resize(

@@ -284,3 +284,44 @@ def test_session_timeout_then_ctrl_c_and_bad_input(stack: Stack, sid: str) -> No
     assert r.status_code == 404
     r = c.post(f"/v1/sandboxes/{sid}/sessions", json={"cwd": "/missing"})
     assert r.status_code == 400 and r.json()["field"] == "cwd"
+
+
+def screen(c: httpx.Client, sid: str, ses: str, **params: Any) -> dict[str, Any]:
+    r = c.get(f"/v1/sandboxes/{sid}/sessions/{ses}/screen", params=params, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [r"\033[4J", r"\033[" + "9" * 5000 + "m"],
+    ids=["erase-in-display-4", "csi-param-of-5000-digits"],
+)
+def test_a_sequence_the_emulator_fails_on_leaves_the_screen_readable(
+    stack: Stack, sid: str, bad: str
+) -> None:
+    c = stack.alice
+    ses = session(c, sid)["id"]
+    keys(c, sid, ses, text=f"printf '{bad}'; echo", keys=["Enter"])
+    screen(c, sid, ses, wait_s=0.5)  # 200, not the 500 pyte's exception made
+    keys(c, sid, ses, text="echo o''k", keys=["Enter"])
+    view = screen_until(c, sid, ses, "\nok\n")
+    assert view["dropped"] == 0
+    assert run(c, sid, ses, "echo still")["output"] == "still\r\n"
+    screen(c, sid, ses)
+
+
+def test_a_decaln_flood_costs_a_screen_read_seconds_not_minutes(stack: Stack, sid: str) -> None:
+    c = stack.alice
+    ses = session(c, sid)["id"]
+    flood = "python3 -c \"import sys; sys.stdout.write('\\x1b#8' * 60000)\"; echo; echo do''ne"
+    assert run(c, sid, ses, flood, timeout_s=30)["exit_code"] == 0
+    t0 = time.monotonic()
+    view = screen(c, sid, ses)
+    assert time.monotonic() - t0 < 10
+    assert view["dropped"] > 0 and view["bytes_total"] > 180_000
+    assert any(line.startswith("done") for line in view["display"])  # the newest bytes show
+    t0 = time.monotonic()
+    keys(c, sid, ses, text="echo a''gain", keys=["Enter"])
+    screen_until(c, sid, ses, "again")
+    assert time.monotonic() - t0 < 10
