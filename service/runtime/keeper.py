@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from service.errors import Conflict, InvalidRequest, NotFound, SandboxError
 from service.runtime import channel
-from service.runtime.base import ExecRequest
+from service.runtime.base import ExecRequest, HandlerLost
 from service.runtime.protocol import (
     FRAME_ERROR,
     FRAME_RESULT,
@@ -109,17 +109,25 @@ def _raise(payload: bytes) -> None:
 
 
 def _exchange(sock: Any, record: bytes, *, timeout_s: float, what: str) -> tuple[bytes, dict]:
+    """Send ``record`` to a keeper and read its answer. The keeper is a process of the
+    sandbox's: one that closes, resets or never answers was killed or stopped there (a
+    trial's `kill -STOP $PPID` in a session), so that is a ``Conflict`` (409), not a 502."""
     out: list[bytes] = []
     kv: dict[str, str] = {}
-    for frame in channel.frames(
-        sock, record, read_timeout_s=timeout_s, max_bytes=_MAX_REPLY, what=what
-    ):
-        if frame.kind in (FRAME_STDOUT, FRAME_STDERR):
-            out.append(frame.payload)
-        elif frame.kind == FRAME_ERROR:
-            _raise(frame.payload)
-        elif frame.kind == FRAME_RESULT:
-            kv = parse_kv(frame.payload)
+    try:
+        for frame in channel.frames(
+            sock, record, read_timeout_s=timeout_s, max_bytes=_MAX_REPLY, what=what
+        ):
+            if frame.kind in (FRAME_STDOUT, FRAME_STDERR):
+                out.append(frame.payload)
+            elif frame.kind == FRAME_ERROR:
+                _raise(frame.payload)
+            elif frame.kind == FRAME_RESULT:
+                kv = parse_kv(frame.payload)
+    except HandlerLost as e:
+        raise Conflict(
+            f"{e.detail}: the process's keeper did not answer (stopped or killed in the sandbox)"
+        ) from e
     return b"".join(out), kv
 
 

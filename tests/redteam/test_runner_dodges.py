@@ -155,7 +155,7 @@ def _keys(*keys: str) -> str:
     return json.dumps({"commands": [{"keystrokes": k, "duration": 1} for k in keys]})
 
 
-@pytest.mark.parametrize("end", ["exit\n", "kill -9 -1\n"])
+@pytest.mark.parametrize("end", ["exit\n", "kill -9 -1\n", "kill -STOP $PPID\n"])
 def test_a_session_whose_shell_is_gone_is_verified_not_re_rolled(stack: Stack, end: str) -> None:
     done = json.dumps({"commands": [], "task_complete": True})
     policy = Script([_keys(end), _keys("ls\n"), done])
