@@ -9,7 +9,6 @@ sample from its checkpoint on the next claim, the timed-out claim's episode cut.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -18,12 +17,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from policy_client.client import AsyncClient, Client
 from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
 from policy_client.prompt import DONE_MARKER
-from policy_client.rollout import EpisodeOutcome, RolloutConfig, RolloutRunner
+from policy_client.rollout import EpisodeOutcome, RolloutRunner
 from service.db.models import AuditEvent, Episode, Sandbox, WorkItem
 from tests.integration.api.conftest import Stack, start_stack
+from tests.runnerutil import key_of, run_job
 
 pytestmark = pytest.mark.docker
 
@@ -75,10 +74,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     yield from start_stack(tmp_path_factory.mktemp("stragglers"))
 
 
-def _key(stack: Stack) -> str:
-    return stack.alice.headers["authorization"].split(" ", 1)[1]
-
-
 def _job(stack: Stack, group_size: int, straggler: dict[str, Any]) -> dict[str, Any]:
     r = stack.alice.post(
         "/v1/jobs",
@@ -95,21 +90,15 @@ def _job(stack: Stack, group_size: int, straggler: dict[str, Any]) -> dict[str, 
 
 
 def _run(stack: Stack, job_id: str, policy: TailPolicy, timeout_s: float) -> RolloutRunner:
-    key = _key(stack)
-
-    async def go() -> RolloutRunner:
-        async with AsyncClient(stack.url, key) as aclient:
-            with Client(stack.url, key) as client:
-                runner = RolloutRunner(
-                    aclient,
-                    policy,  # type: ignore[arg-type]
-                    sync_client=client,
-                    config=RolloutConfig(concurrency=1, max_turns=200, batch_wait_s=0.01),
-                )
-                await asyncio.wait_for(runner.run_job(job_id), timeout_s)
-                return runner
-
-    return asyncio.run(go())
+    return run_job(
+        stack.url,
+        key_of(stack.alice),
+        job_id,
+        policy,
+        timeout_s=timeout_s,
+        concurrency=1,
+        max_turns=200,
+    )
 
 
 def _episodes(stack: Stack, job_id: str) -> dict[str, Episode]:
@@ -237,29 +226,19 @@ def test_an_item_timed_out_as_a_long_tail_resumes_from_its_checkpoint(stack: Sta
     )
     assert r.status_code == 201, r.text
     job = r.json()
-    key = stack.bob.headers["authorization"].split(" ", 1)[1]
     policy = TimeoutPolicy()
     since = _last_seq(stack)
-
-    async def go() -> RolloutRunner:
-        async with AsyncClient(stack.url, key) as aclient:
-            with Client(stack.url, key) as client:
-                runner = RolloutRunner(
-                    aclient,
-                    policy,  # type: ignore[arg-type]
-                    sync_client=client,
-                    config=RolloutConfig(
-                        concurrency=2,
-                        max_turns=200,
-                        batch_wait_s=0.01,
-                        checkpoint_every=1,
-                        claim_lease_s=4,  # a heartbeat every 1.3 s finds the claim gone
-                    ),
-                )
-                await asyncio.wait_for(runner.run_job(job["id"]), 50)
-                return runner
-
-    runner = asyncio.run(go())
+    runner = run_job(
+        stack.url,
+        key_of(stack.bob),
+        job["id"],
+        policy,
+        timeout_s=50,
+        concurrency=2,
+        max_turns=200,
+        checkpoint_every=1,
+        claim_lease_s=4,  # a heartbeat every 1.3 s finds the claim gone
+    )
     final = stack.bob.get(f"/v1/jobs/{job['id']}").json()
     assert final["state"] == "done", final["progress"]
     assert final["progress"]["records"] == {"ok": 2}

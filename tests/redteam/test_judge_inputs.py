@@ -97,8 +97,8 @@ while time.time() < end:
                 if text != head + "\n":
                     with open(p, "w") as f:
                         f.write(head + "\n")
-            except OSError:
-                pass
+            except OSError:  # gone, or not ours to change: on to the next file
+                continue
     time.sleep(0.0005)
 """
 DAEMON = (

@@ -36,21 +36,21 @@ REWRITER = """
 import os, time
 R = "/logs/verifier/reward.txt"
 end = time.time() + 120
-while time.time() < end:
+def size():
     try:
-        if os.path.getsize(R) > 0:
-            break
-    except OSError:
-        pass
+        return os.path.getsize(R)
+    except OSError:  # test.sh has not written it yet
+        return 0
+while time.time() < end and size() == 0:
     time.sleep(0.001)
 while time.time() < end:
-    try:
-        fd = os.open(R, os.O_WRONLY | os.O_TRUNC)
-        os.write(fd, b"{value}")
-        os.close(fd)
-    except OSError:
-        pass
     time.sleep(0.001)
+    try:
+        with open(R, "r+b") as f:
+            f.truncate()
+            f.write(b"{value}")
+    except OSError:  # moved away or refused this moment: the next round tries again
+        continue
 """
 
 # The script the tests run: start the daemon once (double fork, own session), print a wrong

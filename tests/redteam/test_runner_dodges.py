@@ -27,13 +27,14 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from policy_client.client import AsyncClient, Client
+from policy_client.client import AsyncClient
 from policy_client.errors import ConflictError, SandboxStopped
 from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
 from policy_client.prompt import DONE_MARKER
-from policy_client.rollout import RolloutConfig, RolloutRunner
+from policy_client.rollout import RolloutRunner
 from service.db.models import Episode
 from tests.integration.api.conftest import Stack, start_stack
+from tests.runnerutil import key_of, run_job
 
 pytestmark = [pytest.mark.docker, pytest.mark.redteam]
 
@@ -82,21 +83,9 @@ def _run(stack: Stack, policy: Script, **config: Any) -> tuple[dict[str, Any], R
     )
     assert r.status_code == 201, r.text
     job = r.json()
-    key = stack.alice.headers["authorization"].split(" ", 1)[1]
-
-    async def go() -> RolloutRunner:
-        async with AsyncClient(stack.url, key) as aclient:
-            with Client(stack.url, key) as client:
-                runner = RolloutRunner(
-                    aclient,
-                    policy,  # type: ignore[arg-type]
-                    sync_client=client,
-                    config=RolloutConfig(concurrency=1, max_turns=5, batch_wait_s=0.01, **config),
-                )
-                await asyncio.wait_for(runner.run_job(job["id"]), 120)
-                return runner
-
-    return job, asyncio.run(go())
+    key = key_of(stack.alice)
+    config = {"concurrency": 1, "max_turns": 5, **config}
+    return job, run_job(stack.url, key, job["id"], policy, timeout_s=120, **config)
 
 
 def _played_once(stack: Stack, job: dict[str, Any], policy: Script) -> None:
@@ -132,7 +121,7 @@ def test_a_command_the_api_refuses_is_an_observation_not_an_error(stack: Stack) 
 
 
 def test_a_409_is_the_policys_only_while_its_sandbox_is_leased(stack: Stack) -> None:
-    key = stack.alice.headers["authorization"].split(" ", 1)[1]
+    key = key_of(stack.alice)
     r = stack.alice.post("/v1/sandboxes", json={"template": "terminal", "ttl_s": 300})
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
