@@ -72,16 +72,19 @@ topology are in ``details["private"]`` (admins only; ``service.rewards.redact``)
 Dodges: an output that is a directory, a FIFO or another special file, a link loop,
 larger than a cap, non-finite, or that makes the worker run out of time or memory or
 crash scores 0 (``status=ok``) with the reason in ``gate`` and its cause in
-``details["dodge"]``. Infrastructure failures (engine errors, no worker process, a Blender
-crash, unreadable PNGs, a missing or broken reference) are ``status=error`` with reward
-None. Never a silent 0.
+``details["dodge"]``. Infrastructure failures (engine errors, no worker process, a render
+check that fails on the reference alone, a missing or broken reference) are
+``status=error`` with reward None. Never a silent 0.
 
 The render's cost is the agent's to choose (a trial's 199,996 slivers, each spanning the
 view, made Blender test nearly every triangle on every ray: a wrong part past the time
 limit was ``status=timeout``, excluded from the loss, instead of its 0). So the render is
 waited for only when its score can change the reward (``core > 0``), and a render past
 its time limit scores its silhouette 0 (``details["private"]["render"]`` says so). An
-honest part renders in about 5 s against the 60 s limit.
+honest part renders in about 5 s against the 60 s limit. Likewise a render that fails
+with the part in it while the reference alone renders (the control, run only then): the
+part made Blender fail, and its silhouette scores 0; a failure of the control too is the
+verifier's (``status=error``).
 """
 
 from __future__ import annotations
@@ -273,6 +276,12 @@ class VerifierFailure(Exception):
 class RenderTimeout(VerifierFailure):
     """Blender did not finish the render check within ``render_timeout_s``: the agent's
     mesh chose that cost, so ``verify`` scores the silhouette 0 instead."""
+
+
+class RenderRefused(VerifierFailure):
+    """The render check failed with the agent's part in it while the reference alone renders
+    in the same sandbox (the control): the part made Blender fail, so ``verify`` scores the
+    silhouette 0 instead of an error."""
 
 
 # --------------------------------------------------------------------------- settings
@@ -639,22 +648,28 @@ def _npz(mesh: trimesh.Trimesh) -> bytes:
     return buf.getvalue()
 
 
-def _render_tar(meshes: Mapping[str, trimesh.Trimesh], job: dict[str, Any]) -> bytes:
+def _render_tar(
+    meshes: Mapping[str, trimesh.Trimesh], job: dict[str, Any], *, run: str = "out"
+) -> bytes:
+    """The render's inputs as a tar for ``/``: ``RENDER_DIR/<run>/`` holds the meshes, the
+    job and the script, and the images go to ``RENDER_DIR/<run>/out``."""
     files: dict[str, bytes] = {f"{name}.npz": _npz(m) for name, m in meshes.items()}
+    where = f"{RENDER_DIR}/{run}"
     job = {
         **job,
-        "meshes": {name: f"{RENDER_DIR}/{name}.npz" for name in meshes},
-        "out_dir": f"{RENDER_DIR}/out",
+        "meshes": {name: f"{where}/{name}.npz" for name in meshes},
+        "out_dir": f"{where}/out",
     }
     files["job.json"] = json.dumps(job).encode()
     files["silhouettes.py"] = RENDER_SCRIPT.read_bytes()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        d = tarfile.TarInfo(RENDER_DIR.strip("/"))
-        d.type, d.mode = tarfile.DIRTYPE, 0o755
-        tar.addfile(d)
+        for folder in (RENDER_DIR, where):
+            d = tarfile.TarInfo(folder.strip("/"))
+            d.type, d.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(d)
         for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(f"{RENDER_DIR.strip('/')}/{name}")
+            info = tarfile.TarInfo(f"{where.strip('/')}/{name}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
@@ -690,12 +705,63 @@ def render_silhouettes(
     """Render both meshes in ``container_id`` (a fresh sandbox of the pristine task image,
     made and disposed of by the caller) and return the silhouette IoU of each view.
 
-    Raises ``VerifierFailure`` (Blender failed or timed out, PNGs missing) or
-    ``CrucibleError`` (engine).
+    When that render fails (Blender's exit status, missing or unreadable images), the
+    reference is rendered alone in the same sandbox: the render check works without the
+    part, so the part made it fail (``RenderRefused``, its silhouette 0; a mesh the gates
+    passed is data, and no list of what Blender chokes on can be complete). Only a failure
+    of that control too is the verifier's (``VerifierFailure``, status error).
+
+    Raises ``RenderTimeout`` (past ``render_timeout_s``), ``RenderRefused``,
+    ``VerifierFailure`` or ``CrucibleError`` (engine).
     """
     job = render_job(reference, resolution_px=settings.render_px)
-    tar = _render_tar({"result": result, "reference": reference}, job)
-    runtime.put_archive(container_id, "/", tar)
+    try:
+        masks = _render(
+            runtime,
+            container_id,
+            {"result": result, "reference": reference},
+            job,
+            settings=settings,
+            run="check",
+        )
+    except RenderTimeout:
+        raise
+    except VerifierFailure as failed:
+        try:
+            _render(
+                runtime,
+                container_id,
+                {"reference": reference},
+                job,
+                settings=settings,
+                run="control",
+            )
+        except VerifierFailure:
+            raise failed from None
+        raise RenderRefused(
+            f"the render check failed with the part in it ({failed.reason[:300]}); "
+            "the reference alone renders"
+        ) from None
+    return {
+        view: geometry.silhouette_iou(masks[f"result_{view}"], masks[f"reference_{view}"])
+        for view in VIEWS
+    }
+
+
+def _render(
+    runtime: SandboxRuntime,
+    container_id: str,
+    meshes: Mapping[str, trimesh.Trimesh],
+    job: dict[str, Any],
+    *,
+    settings: CadSettings,
+    run: str,
+) -> dict[str, np.ndarray]:
+    """One Blender run over ``meshes`` in ``RENDER_DIR/<run>``: ``{<mesh>_<view>: mask}``
+    with every mesh's every view. Raises ``RenderTimeout``, ``VerifierFailure`` (Blender's
+    exit status, images missing or unreadable) or ``CrucibleError``."""
+    where = f"{RENDER_DIR}/{run}"
+    runtime.put_archive(container_id, "/", _render_tar(meshes, job, run=run))
     res = runtime.exec(
         container_id,
         ExecRequest(
@@ -706,11 +772,11 @@ def render_silhouettes(
                 "--python-exit-code",
                 "1",
                 "--python",
-                f"{RENDER_DIR}/silhouettes.py",
+                f"{where}/silhouettes.py",
                 "--",
-                f"{RENDER_DIR}/job.json",
+                f"{where}/job.json",
             ],
-            cwd=RENDER_DIR,
+            cwd=where,
             timeout_s=settings.render_timeout_s,
             user=ROOT,
             max_output_bytes=16 << 10,
@@ -726,17 +792,18 @@ def render_silhouettes(
             f"Blender exited with status {res.exit_code} in the render check: {tail}"
         )
     try:
-        data = b"".join(runtime.get_archive(container_id, f"{RENDER_DIR}/out"))
+        data = b"".join(runtime.get_archive(container_id, f"{where}/out"))
     except NotFound:
         raise VerifierFailure(f"the render check wrote no images: {tail}") from None
-    masks = decode_masks(data)
-    ious = {}
-    for view in VIEWS:
-        a, b = masks.get(f"result_{view}"), masks.get(f"reference_{view}")
-        if a is None or b is None:
-            raise VerifierFailure(f"the render check did not produce the {view} view")
-        ious[view] = geometry.silhouette_iou(a, b)
-    return ious
+    try:
+        masks = decode_masks(data)
+    except Exception as e:  # noqa: BLE001 - a PNG PIL cannot read: the render's failure
+        raise VerifierFailure(f"the render check's images are unreadable: {e}") from None
+    for name in meshes:
+        for view in VIEWS:
+            if f"{name}_{view}" not in masks:
+                raise VerifierFailure(f"the render check did not produce the {view} view")
+    return masks
 
 
 # --------------------------------------------------------------------------- the verifier
@@ -903,7 +970,7 @@ def verify(
             try:
                 silhouettes, clock.marks["render"] = render.result()
                 worst = min(silhouettes.values())
-            except RenderTimeout as e:  # the mesh's own cost (module docstring)
+            except (RenderTimeout, RenderRefused) as e:  # the part's doing (module docstring)
                 private["render"] = e.reason
                 worst = 0.0
         elif render is not None:  # core 0: the reward is 0 whatever the render says

@@ -233,3 +233,35 @@ def test_a_render_past_its_limit_is_the_parts_own_cost_not_a_timeout(stack: Stac
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (0.9, "ok"), rec["verifier"]
     assert scores(stack, rec)["silhouette"] == 0.0
+
+
+@pytest.fixture
+def render_fails_on_the_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blender runs the real render script, except that a run with the agent's part in it
+    exits 3: what a part Blender fails on (and no gate foresaw) does."""
+    real = cad.RENDER_SCRIPT.read_text()
+    picky = tmp_path / "silhouettes.py"
+    picky.write_text(
+        "import json, sys\n"
+        "if 'result' in json.load(open(sys.argv[-1]))['meshes']:\n"
+        "    raise SystemExit(3)\n"
+        f"exec(compile({real!r}, 'silhouettes.py', 'exec'), {{'__name__': '__main__'}})\n"
+    )
+    monkeypatch.setattr(cad, "RENDER_SCRIPT", picky)
+
+
+@pytest.mark.usefixtures("render_fails_on_the_part")
+def test_a_render_the_part_makes_fail_scores_its_silhouette_zero_not_an_error(
+    stack: Stack,
+) -> None:
+    # Regression (left open after trial 18): a part that made Blender exit non-zero was
+    # status=error, excluded from the loss. The reference alone renders in the same
+    # sandbox (the control), so the failure is the part's: its silhouette scores 0.
+    ep = start(stack, "washer")
+    run_oracle(stack, ep, "washer")  # right in every other measure
+    rec = verify(stack, ep)
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.9, "ok"), rec["verifier"]
+    assert scores(stack, rec)["silhouette"] == 0.0
+    stored = rewards.by_episode(stack.ctx.db, rec["episode_id"])
+    assert stored is not None
+    assert "the reference alone renders" in stored.verifier.details["private"]["render"]
