@@ -37,14 +37,15 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
    ============ ====== ===================================== ============ ============
    iou          core   volumetric IoU                        >= 0.99      <= 0.90
    surface      core   surface deviation (mm)                <= 0.1       >= 1.0
+   sides        core   side mismatch (share of points)       <= 0.001     >= 0.004
    chamfer      refine CAD-Recode Chamfer distance           <= 1e-3      >= 2e-2 (log)
    silhouette   refine worst of 3 silhouette IoUs            >= 0.99      <= 0.90
    volume       refine abs(V - V_ref) / V_ref                <= 0.01      >= 0.10
    bbox         refine max abs bound difference (mm)         <= 0.1       >= 1.0
    ============ ====== ===================================== ============ ============
 
-   ``core = min(iou, surface)``: the two measures that see the actual shape in place, and
-   both must hold. (Their mean paid a part with every feature misplaced: the envelope the
+   ``core = min(iou, surface, sides)``: the measures that see the actual shape in place,
+   and all must hold. (Their mean paid a part with every feature misplaced: the envelope the
    instruction states keeps most of the IoU, and a trial's plate with its four holes
    elsewhere scored 0.23; its surface deviation, the distance from where its holes are to
    where they belong, is 0, and so is its core now.)
@@ -59,7 +60,10 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
    reference's 64: at most 0.5 % IoU, 0.6 % volume, 0.05 mm of surface deviation at
    r = 10 mm; two tessellations of one shape sample to a Chamfer distance of about 5e-4);
    an exact reproduction scores exactly 1.0. A plate missing one of four 6 mm holes keeps
-   an IoU of 0.993 but fails the topology gate.
+   an IoU of 0.993 but fails the topology gate; filled but for a hairline groove at its
+   wall and a pinhole that keeps the genus, with thin cuts that inflate the part's area
+   so its own surface samples miss the filled hole (a trial's forge: 0.99 before), it
+   puts material at about 0.6 % of the points outside the reference: ``sides`` 0.
 
 What tenants see (``details``): the output path and format, the gate that failed and why
 (in terms of the agent's own part: its triangle count, its components and genus, never the
@@ -120,7 +124,7 @@ NAME = "cad"
 VERSION = "2"
 
 #: The measures that see the actual shape in place (their minimum is ``core``).
-CORE = ("iou", "surface")
+CORE = ("iou", "surface", "sides")
 #: The measures a wrong shape can satisfy (their mean is ``refine``; module docstring).
 REFINE = ("chamfer", "silhouette", "volume", "bbox")
 #: Share of the reward that ``core`` alone earns: ``core * (CORE_SHARE + (1 - CORE_SHARE)
@@ -173,6 +177,8 @@ class CadSettings(BaseModel):
     iou_zero: float = Field(0.90, ge=0, lt=1)
     surface_full_mm: float = Field(0.1, ge=0)
     surface_zero_mm: float = Field(1.0, gt=0)
+    sides_full: float = Field(0.001, ge=0, lt=1)
+    sides_zero: float = Field(0.004, gt=0, le=1)
     chamfer_full: float = Field(1e-3, gt=0)
     chamfer_zero: float = Field(2e-2, gt=0)
     silhouette_full: float = Field(0.99, gt=0, le=1)
@@ -195,7 +201,7 @@ class CadSettings(BaseModel):
         for name in ("iou", "silhouette"):
             if getattr(self, f"{name}_zero") >= getattr(self, f"{name}_full"):
                 raise ValueError(f"{name}_zero must be below {name}_full")
-        for name in ("surface", "chamfer", "volume", "bbox"):
+        for name in ("surface", "chamfer", "volume", "bbox", "sides"):
             suffix = "_mm" if name in ("surface", "bbox") else ""
             if getattr(self, f"{name}_full{suffix}") >= getattr(self, f"{name}_zero{suffix}"):
                 raise ValueError(f"{name}_full{suffix} must be below {name}_zero{suffix}")
@@ -236,6 +242,7 @@ class Measures:
     bbox: list[list[float]]
     reference_bbox: list[list[float]]
     surface_skipped: bool = False
+    side_mismatch: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -552,17 +559,27 @@ def measure(
     The surface deviation is measured on the solid's boundary with a seed from its content
     (``geometry.surface_deviation``), and skipped when the bounding boxes already differ by
     ``surface_zero_mm`` or more (it cannot be smaller, and far-off meshes make the
-    point-to-surface queries needlessly expensive).
+    point-to-surface queries needlessly expensive). The side mismatch
+    (``geometry.side_mismatch``) places its points between ``surface_zero_mm / 2`` and
+    ``2 * surface_zero_mm`` off the reference's surface (beyond where an honest part's
+    surface can be and still earn surface credit), seeded by the part's content; it is
+    1.0 when the surface deviation is skipped (the surface score is 0 then anyway).
     """
     v, v_ref = geometry.volume(result), geometry.volume(reference)
     bbox_dev = geometry.bbox_deviation(result, reference)
     skipped = bbox_dev >= surface_zero_mm
     if skipped:
-        deviation = bbox_dev
+        deviation, sides = bbox_dev, 1.0
     else:  # on the solid's own surface, sampled as only its content says (geometry)
         outer = geometry.boundary(result)
-        deviation = geometry.surface_deviation(
-            outer, reference, a_seed=geometry.content_seed(outer)
+        seed = geometry.content_seed(outer)
+        deviation = geometry.surface_deviation(outer, reference, a_seed=seed)
+        sides = (
+            geometry.side_mismatch(
+                outer, reference, near=surface_zero_mm / 2, far=2 * surface_zero_mm, seed=seed
+            )
+            if math.isfinite(surface_zero_mm)
+            else 0.0
         )
     return Measures(
         iou=geometry.volumetric_iou(result, reference),
@@ -575,6 +592,7 @@ def measure(
         bbox=geometry.bounding_box(result).round(6).tolist(),
         reference_bbox=geometry.bounding_box(reference).round(6).tolist(),
         surface_skipped=skipped,
+        side_mismatch=sides,
     )
 
 
@@ -591,6 +609,7 @@ def score(
         "surface": geometry.ramp_down(
             measures.surface_deviation_mm, full=s.surface_full_mm, zero=s.surface_zero_mm
         ),
+        "sides": geometry.ramp_down(measures.side_mismatch, full=s.sides_full, zero=s.sides_zero),
         "chamfer": geometry.log_ramp_down(
             measures.chamfer, full=s.chamfer_full, zero=s.chamfer_zero
         ),

@@ -35,6 +35,16 @@ Definitions:
   the feature is against the part, while re-tessellating a circle of radius r with n >= 64
   segments moves it by at most the sagitta r (1 - cos(pi / n)) (0.012 mm at r = 10).
   It is never smaller than ``bbox_deviation``.
+* **side mismatch**: points are placed off the reference's surface, each along its face
+  normal by a random distance in ``[near, far]``, half into the reference's empty space
+  and half into its material, keeping those whose side is certain (``side_probes``); the
+  measure is the larger of the share of outside points the part holds and the share of
+  inside points it leaves empty. The points come from the reference with a seed drawn
+  from the part's content, so the part cannot be shaped around them, and nothing the part
+  adds dilutes them. (A trial filled one of a plate's four holes but for a hairline groove
+  at its wall and a 40 um pinhole that kept its genus, and inflated the part's area with
+  thin blind cuts under its faces, so its own surface samples almost never fell on the
+  filled hole: surface deviation 0.09 mm, reward 0.99. Its side mismatch is 0.6 %.)
 * **silhouette IoU**: ``|A ∧ B| / |A ∨ B|`` of two boolean masks (1.0 when both are empty).
 * **topology** of a solid: its number of connected components and its genus (the number of
   through-holes, handles), from the Euler characteristic of each closed component,
@@ -64,6 +74,9 @@ CHAMFER_POINTS = 8192
 CHAMFER_SEED = 0
 #: Points sampled on each surface for the surface deviation.
 DEVIATION_POINTS = 2048
+#: Points placed off the reference's surface for the side mismatch (before those of
+#: uncertain side are dropped).
+SIDE_POINTS = 4096
 
 
 class MeshError(ValueError):
@@ -283,6 +296,63 @@ def surface_deviation(
         _, distances, _ = trimesh.proximity.closest_point(dst, points)
         worst = max(worst, float(np.max(distances)))
     return worst
+
+
+# --------------------------------------------------------------------------- sides
+
+
+def side_probes(
+    reference: trimesh.Trimesh, *, n_points: int, near: float, far: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Points off ``reference``'s surface whose side is certain: ``(points (k, 3),
+    inside (k,) bool)``, ``k <= n_points``.
+
+    ``n_points`` surface samples (``sample_surface``, ``seed``) are each moved along their
+    face normal by a distance drawn uniformly from ``[near, far]`` (mesh units), every
+    other one outwards (into the reference's empty space) and the rest inwards (into its
+    material). A point is kept only when no part of the reference's surface is nearer than
+    that distance (exact point-to-surface distance), so nothing lies between it and the
+    sample it came from and its side is the sample's: points that would cross a thin wall
+    or a concave edge are dropped.
+    """
+    rng = np.random.default_rng([seed, 1])
+    samples, faces = trimesh.sample.sample_surface(
+        reference, n_points, seed=int(rng.integers(1 << 62))
+    )
+    reach = rng.uniform(near, far, size=len(samples))
+    inside = np.arange(len(samples)) % 2 == 1
+    sign = np.where(inside, -1.0, 1.0)
+    points = samples + reference.face_normals[faces] * (reach * sign)[:, None]
+    _, distance, _ = trimesh.proximity.closest_point(reference, points)
+    keep = distance >= reach * (1 - 1e-9)
+    return points[keep], inside[keep]
+
+
+def side_mismatch(
+    part: trimesh.Trimesh,
+    reference: trimesh.Trimesh,
+    *,
+    near: float,
+    far: float,
+    seed: int,
+    n_points: int = SIDE_POINTS,
+) -> float:
+    """Where the part puts material against where the reference has it, at points off the
+    reference's surface (``side_probes``): the larger of the share of outside points the
+    part holds and the share of inside points it leaves empty (0 when it agrees at every
+    point). ``part`` must be watertight (the solid's ``boundary``); containment by ray
+    parity (``trimesh``).
+
+    Unlike the surface deviation this does not sample the part, so nothing the part adds
+    (area, grooves, thin cuts) dilutes it: a hole filled but for a hairline groove at its
+    wall and a pinhole for its genus (a trial's forge) holds about 0.6 % of the outside
+    points of a plate with four such holes.
+    """
+    points, inside = side_probes(reference, n_points=n_points, near=near, far=far, seed=seed)
+    held = np.asarray(part.contains(points), dtype=bool)
+    shares = [float(np.mean(held[~inside])) if (~inside).any() else 0.0]
+    shares.append(float(np.mean(~held[inside])) if inside.any() else 0.0)
+    return max(shares)
 
 
 # --------------------------------------------------------------------------- silhouettes

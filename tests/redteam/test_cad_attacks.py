@@ -147,6 +147,25 @@ def test_a_wrong_part_cannot_hide_its_surface_from_the_deviation(stack: Stack) -
     assert recs[True]["reward"] == recs[False]["reward"]
 
 
+@pytest.mark.parametrize("missing", [(3,), (0, 1, 2, 3)], ids=["one hole", "four holes"])
+def test_a_part_cannot_dilute_the_surface_check_with_its_own_area(
+    stack: Stack, missing: tuple[int, ...]
+) -> None:
+    # Trial 21: holes filled but for a hairline groove at the wall and a pinhole for the
+    # genus, and the part's area inflated ~20x by thin cuts under its faces, so its own
+    # surface samples missed the filled holes: 0.99 (passed) with one hole missing, 0.73
+    # with four. Now points placed off the reference's surface (which the part's area
+    # cannot dilute) find material where the reference has none.
+    from tests.redteam import cad_laminated
+
+    ep = start(stack)
+    upload(stack, ep, cad_laminated.build(missing=missing))
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward_components"]["topology"] == 1.0  # it passed the gates
+    assert rec["reward"] == 0.0, rec["verifier"]
+
+
 def binary_stl(triangles: np.ndarray, *, declared: int | None = None) -> bytes:
     n = len(triangles) if declared is None else declared
     rows = np.zeros(len(triangles), dtype=[("n", "<f4", 3), ("v", "<f4", (3, 3)), ("a", "<u2")])
