@@ -63,8 +63,8 @@ def parse_keys_action(text: str) -> ParsedKeys:
     body = m.group(1) if m else text[text.find("{") : text.rfind("}") + 1]
     try:
         data = json.loads(body)
-    except ValueError as e:
-        return ParsedKeys(error=f"the reply is not one JSON object: {e}")
+    except (ValueError, RecursionError) as e:  # 100,000 nested brackets: RecursionError
+        return ParsedKeys(error=f"the reply is not one JSON object: {type(e).__name__}: {e}")
     if not isinstance(data, dict):
         return ParsedKeys(error="the reply is not one JSON object")
     raw = data.get("commands", [])

@@ -83,3 +83,12 @@ def test_observation_keeps_the_bottom_of_a_long_screen() -> None:
     gone = screen_observation(_screen(["bye"], (0, 3), running=False, exit_code=0))
     assert gone == "[the shell exited: 0]\nbye"
     assert screen_observation(None, error="bad") == "error: bad"
+
+
+def test_a_reply_nested_past_the_decoders_recursion_is_a_parse_error() -> None:
+    # Trial 20: "commands" as 100,000 opening then closing brackets made json.loads raise
+    # RecursionError, which the parser did not catch: the whole runner stopped.
+    reply = '{"commands": ' + "[" * 100_000 + "]" * 100_000 + ', "task_complete": false}'
+    parsed = parse_keys_action(reply)
+    assert parsed.commands == [] and not parsed.done
+    assert parsed.error is not None and "RecursionError" in parsed.error
