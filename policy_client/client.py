@@ -506,10 +506,17 @@ class Client(_Base):
         """One episode."""
         return self.run(calls.get_episode(episode_id))
 
-    def verify(self, episode_id: str, trajectory: VerifyIn | dict[str, Any]) -> RewardRecord:
+    def verify(
+        self,
+        episode_id: str,
+        trajectory: VerifyIn | dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+    ) -> RewardRecord:
         """Verify an episode with its trajectory into a reward record (a repeat returns the
-        stored record)."""
-        return self.run(calls.verify(episode_id, trajectory))
+        stored record). ``timeout_s``: this call's timeout (default the client's); a
+        verification runs the task's tests to their own limit, so give it more."""
+        return self.run(calls.verify(episode_id, trajectory), timeout_s=timeout_s)
 
     # -- jobs and work items ----------------------------------------------------------------
 
@@ -1057,10 +1064,17 @@ class AsyncClient(_Base):
         """One episode."""
         return await self.run(calls.get_episode(episode_id))
 
-    async def verify(self, episode_id: str, trajectory: VerifyIn | dict[str, Any]) -> RewardRecord:
+    async def verify(
+        self,
+        episode_id: str,
+        trajectory: VerifyIn | dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+    ) -> RewardRecord:
         """Verify an episode with its trajectory into a reward record (a repeat returns the
-        stored record)."""
-        return await self.run(calls.verify(episode_id, trajectory))
+        stored record). ``timeout_s``: this call's timeout (default the client's); a
+        verification runs the task's tests to their own limit, so give it more."""
+        return await self.run(calls.verify(episode_id, trajectory), timeout_s=timeout_s)
 
     # -- jobs and work items ----------------------------------------------------------------
 

@@ -165,6 +165,13 @@ class RolloutConfig:
     batch_size: int = 16
     batch_wait_s: float = 0.02
     exec_timeout_s: float = 180.0
+    # How long one verify may take before the runner gives up on the answer. Not the
+    # client's per-call timeout (120 s by default): a verification runs the task's tests
+    # to their own limit (120 s on the bundled tasks) plus its steps, and waits its turn
+    # for a bounded worker; a verify past the client timeout was taken for an
+    # infrastructure failure and the sample re-rolled (two trials: a test that hangs, a
+    # FIFO the replay reads, four slow CAD parts in one group).
+    verify_timeout_s: float = 3600.0
     claim_lease_s: float = 60.0  # the claim lapses this long after the worker's last beat
     traffic: Traffic = "batch"  # PolicyRequest.traffic of every request
     # "exec": each turn one command (prompt.py); "session": each turn keys sent to a PTY
@@ -724,7 +731,9 @@ class RolloutRunner:
             await asyncio.to_thread(self.policy.end_episode, ep.id)
         version = SESSION_PROMPT_VERSION if self.config.mode == "session" else PROMPT_VERSION
         record = await self.client.verify(
-            ep.id, traj.payload(self.policy, stop, queue_ms, prompt_version=version)
+            ep.id,
+            traj.payload(self.policy, stop, queue_ms, prompt_version=version),
+            timeout_s=self.config.verify_timeout_s,
         )
         if self.on_record:
             self.on_record(record)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,6 +108,30 @@ def test_an_agent_that_stops_its_sandbox_gets_its_zero_not_a_re_roll(stack: Stac
     rec = outcome.record
     assert (rec.reward, rec.verifier.status, rec.stop_reason) == (0.0, "ok", "sandbox_stopped")
     assert rec.exclude_from_loss is False
+
+
+def test_a_verify_slower_than_the_clients_timeout_is_waited_for_not_re_rolled(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Trial 20: a verify runs the task's tests to their limit (120 s, the client's default
+    # timeout too), so an agent whose code hangs the tests (or whose FIFO the replay
+    # reads) made every verify outlast the client: the runner took it for infrastructure
+    # and re-rolled the sample (past the client's retry deadline). Here the clients time
+    # out after 3 s and retry for 2 s, and the verification takes 6 s longer than it would.
+    from service import episodes
+
+    real = episodes.run_verifier
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(6)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(episodes, "run_verifier", slow)
+    policy = Script(["```bash\necho hi\n```", DONE_MARKER])
+    job, runner = _run(stack, policy, client={"timeout_s": 3.0, "retry_deadline_s": 2.0})
+    _played_once(stack, job, policy)
+    (outcome,) = runner.outcomes
+    assert (outcome.record.reward, outcome.record.verifier.status) == (0.0, "ok")
 
 
 def test_a_command_the_api_refuses_is_an_observation_not_an_error(stack: Stack) -> None:
