@@ -958,12 +958,19 @@ def fork(
     """Start ``n`` sandboxes from a snapshot, all or nothing (a GRPO group's identical start).
 
     Raises:
-        QuotaExceeded: the n sandboxes do not fit. SandboxError: a start failed (all are undone).
+        QuotaExceeded: the n sandboxes do not fit. Conflict: the snapshot's own files stop a
+        container from starting (``runtime.unstartable``: a FIFO or a directory at
+        ``/etc/passwd``, a file at the workdir; the sandbox's doing, not Crucible's).
+        SandboxError: a start failed (all are undone).
     """
     if n > ctx.settings.max_fork_n:
         raise InvalidRequest(f"n {n} exceeds the maximum {ctx.settings.max_fork_n}", field="n")
     snap = get_snapshot(ctx, principal, snapshot_id)
     tpl = ctx.templates.get(snap.template)
+    unstartable = getattr(ctx.runtime, "unstartable", None)
+    why = unstartable(snap.image, workdir=tpl.workdir) if unstartable is not None else None
+    if why is not None:  # before anything starts: a FIFO there wedges the engine's start
+        raise Conflict(f"snapshot {snapshot_id} cannot be started: {why} in it")
     ttl = _ttl(ctx, ttl_s)
     check_cpus(ctx, tpl.cpus, field="template")
     need = Resources(n, tpl.cpus * n, tpl.memory_mb * n)

@@ -33,6 +33,7 @@ import posixpath
 import re
 import shutil
 import signal
+import stat
 import struct
 import tarfile
 import tempfile
@@ -1742,6 +1743,39 @@ class DockerRuntime:
             raise _map_error(e, f"snapshot of container {container_id}") from e
         return image["Id"]
 
+    def unstartable(self, image: str, *, workdir: str) -> str | None:
+        """Why a container of the snapshot ``image`` cannot be started, judged from what the
+        engine reads in it at start, or None. runc opens ``/etc/passwd`` and ``/etc/group``
+        to set the user up (numeric ids too) and enters ``workdir``: a FIFO there blocked
+        the engine's start indefinitely (and left the container wedged in the engine), a
+        directory or a file in the way failed it (a trial's resumes, every one a 502).
+
+        Read host-side in the image's own top layer (overlay2's ``UpperDir``, with
+        ``lstat``: nothing is opened); what lies in lower layers is the template's. None
+        also when that layer is not readable here (another driver, a remote engine)."""
+        try:
+            driver = self._api.inspect_image(image).get("GraphDriver") or {}
+        except Exception:  # noqa: BLE001 - the start says what is wrong, if anything
+            return None
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if driver.get("Name") != "overlay2" or not upper or not os.path.isdir(upper):
+            return None
+        wanted = [("etc", stat.S_ISDIR), ("etc/passwd", stat.S_ISREG), ("etc/group", stat.S_ISREG)]
+        parts = [p for p in workdir.split("/") if p]
+        wanted += [("/".join(parts[: i + 1]), stat.S_ISDIR) for i in range(len(parts))]
+        for rel, ok in wanted:
+            try:
+                mode = os.lstat(os.path.join(upper, rel))
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return None
+            if stat.S_ISCHR(mode.st_mode) and mode.st_rdev == 0:
+                continue  # an overlay whiteout: removed in this layer
+            if not ok(mode.st_mode):
+                return f"/{rel} is {_file_kind(mode.st_mode)}"
+        return None
+
     def remove_image(self, image: str) -> None:
         """Delete an image (missing is fine).
 
@@ -1950,3 +1984,19 @@ class _DockerExecStream:
         finally:
             if collector.result is None:
                 self._kill_once()
+
+
+def _file_kind(mode: int) -> str:
+    """``mode``'s file type in words ("a FIFO", "a directory", ...)."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"

@@ -407,6 +407,35 @@ def test_snapshot_and_fork_give_identical_independent_starts(stack: Stack) -> No
     assert_problem(stack.alice.get(f"/v1/snapshots/{snap['id']}"), 404)
 
 
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ("rm -f /etc/passwd && mkfifo /etc/passwd", "/etc/passwd is a FIFO"),
+        ("rm -f /etc/group && mkdir /etc/group", "/etc/group is a directory"),
+        ("cd / && rm -rf /workspace && echo x > /workspace", "/workspace is a regular file"),
+    ],
+    ids=["passwd fifo", "group dir", "workdir file"],
+)
+def test_a_snapshot_whose_files_stop_a_start_is_refused_as_a_conflict(
+    stack: Stack, change: str, why: str
+) -> None:
+    # Trial 20: the engine reads /etc/passwd and /etc/group to start a container and
+    # enters its workdir. A FIFO at /etc/passwd blocked the fork's start past the engine
+    # client's timeout and left the container wedged in the engine (502); a directory
+    # there failed every resume of a checkpoint with 502, which the runner re-queued
+    # forever. The fork is now refused (409, the sandbox's doing) before anything starts.
+    sb = lease(stack.alice)
+    assert run(stack.alice, sb["id"], change, user="root")["exit_code"] == 0
+    r = stack.alice.post(f"/v1/sandboxes/{sb['id']}/snapshots")
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    t0 = time.monotonic()
+    body = assert_problem(stack.alice.post(f"/v1/snapshots/{snap['id']}/fork", json={"n": 1}), 409)
+    assert why in body["detail"] and time.monotonic() - t0 < 10
+    stack.alice.delete(f"/v1/sandboxes/{sb['id']}")
+    assert stack.alice.delete(f"/v1/snapshots/{snap['id']}").status_code == 204
+
+
 def test_health_ready_metrics_templates(stack: Stack) -> None:
     anon = stack.make_client()
     assert anon.get("/healthz").json() == {"status": "ok"}
