@@ -76,6 +76,7 @@ class Served:
     key: str
     deployment: str
     env: dict[str, str]
+    pid: int = 0  # the server process (its CPU time: /proc/<pid>/stat)
 
     def client(self) -> httpx.Client:
         return httpx.Client(
@@ -90,9 +91,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(pool_targets: str = '{"terminal": 2}') -> Iterator[Served]:
-    """Start ``crucible serve`` on a temp SQLite file with a unique deployment; stop and clean
-    its containers afterwards."""
+def serve(pool_targets: str = '{"terminal": 2}', *args: str) -> Iterator[Served]:
+    """Start ``crucible serve`` (with ``args`` added) on a temp SQLite file with a unique
+    deployment; stop and clean its containers afterwards."""
     tmp = tempfile.mkdtemp(prefix="crucible-bench-")
     deployment = f"bench-{secrets.token_hex(4)}"
     port = _free_port()
@@ -115,7 +116,7 @@ def serve(pool_targets: str = '{"terminal": 2}') -> Iterator[Served]:
 
     key = json.loads(key)["key"]
     proc = subprocess.Popen(
-        [CRUCIBLE, "serve", "--log-level", "warning"],
+        [CRUCIBLE, "serve", "--log-level", "warning", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -137,7 +138,7 @@ def serve(pool_targets: str = '{"terminal": 2}') -> Iterator[Served]:
                     f"crucible serve did not start ({last}): {proc.stderr.read().decode()}"
                 )
             time.sleep(0.2)
-        yield Served(url=url, key=key, deployment=deployment, env=env)
+        yield Served(url=url, key=key, deployment=deployment, env=env, pid=proc.pid)
     finally:
         proc.terminate()
         try:

@@ -78,6 +78,12 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default from settings).")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    loop: Annotated[
+        str, typer.Option(help="Event loop: auto (uvloop when installed), asyncio, uvloop.")
+    ] = "auto",
+    http: Annotated[
+        str, typer.Option(help="HTTP parser: auto (httptools when installed), h11, httptools.")
+    ] = "auto",
 ) -> None:
     """Run the control plane (uvicorn) on the configured database and Docker engine."""
     import uvicorn
@@ -98,6 +104,8 @@ def serve(
         host=host or settings.host,
         port=port or settings.port,
         log_level=log_level,
+        loop=loop,  # type: ignore[arg-type]  # uvicorn checks the name
+        http=http,  # type: ignore[arg-type]
         log_config=None,  # logs.configure set the handlers (human or JSON lines)
         access_log=False,  # logs.RequestIdMiddleware writes the access line, with its id
     )

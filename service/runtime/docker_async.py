@@ -55,9 +55,10 @@ async def exec_async(runtime: DockerRuntime, container_id: str, request: ExecReq
     sock = None
     if control is not None and meta is not None and seen and container_id not in runtime._frozen:
         with contextlib.suppress(channel.Unavailable):  # the blocking path falls back for good
-            sock = control.open_nowait()
+            sock = control.open_nowait(prefetch=False)  # asked for once this one answered
     if sock is None:
         return await run_in_threadpool(runtime.exec, container_id, request)
+    assert control is not None and meta is not None
     record = with_identity(
         encode_exec(request, grace_ms=runtime._kill_grace_ms), request.user or meta.user or ""
     )
@@ -67,7 +68,10 @@ async def exec_async(runtime: DockerRuntime, container_id: str, request: ExecReq
     collector = ExecCollector()
     t0 = time.monotonic()
     try:
-        result = await _converse(sock, record, collector, timeout_s, max_bytes, container_id)
+        try:
+            result = await _converse(sock, record, collector, timeout_s, max_bytes, container_id)
+        finally:
+            control.prefetch_nowait()  # the next spare forks while this answer goes back
     except _Fallback:
         return await run_in_threadpool(runtime.exec, container_id, request)
     except HandlerLost as e:
