@@ -667,9 +667,7 @@ def _npz(mesh: trimesh.Trimesh) -> bytes:
     return buf.getvalue()
 
 
-def _render_tar(
-    meshes: Mapping[str, trimesh.Trimesh], job: dict[str, Any], *, run: str = "out"
-) -> bytes:
+def _render_tar(meshes: Mapping[str, trimesh.Trimesh], job: dict[str, Any], *, run: str) -> bytes:
     """The render's inputs as a tar for ``/``: ``RENDER_DIR/<run>/`` holds the meshes, the
     job and the script, and the images go to ``RENDER_DIR/<run>/out``."""
     files: dict[str, bytes] = {f"{name}.npz": _npz(m) for name, m in meshes.items()}
