@@ -20,9 +20,10 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
 4. **Measures**, in a second bounded worker (``service.verifiers.geometry``; lengths in
    mm, the tasks' unit): volumetric IoU (exact booleans, absolute coordinates), surface
    deviation (two-sided Hausdorff estimate, 2048 seeded samples each way, exact
-   point-to-surface distances), Chamfer distance as CAD-Recode computes it (unit-box
-   normalized, 8192 points, seed 0), relative volume error and the largest bounding-box
-   deviation in mm.
+   point-to-surface distances), wrong depth (exact booleans against the reference grown
+   and shrunk by two levels, computed once per reference: ``cad_offsets``), Chamfer
+   distance as CAD-Recode computes it (unit-box normalized, 8192 points, seed 0),
+   relative volume error and the largest bounding-box deviation in mm.
 5. **Render check** (in parallel with 4): a fresh sandbox of the episode's pristine image
    (the task image on ``crucible/cad``, which the agent could not modify; from the warm pool
    when it holds one) receives both meshes; Blender renders each from three fixed
@@ -37,14 +38,14 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
    ============ ====== ===================================== ============ ============
    iou          core   volumetric IoU                        >= 0.99      <= 0.90
    surface      core   surface deviation (mm)                <= 0.1       >= 1.0
-   sides        core   side mismatch (share of points)       <= 0.001     >= 0.004
+   depth        core   wrong depth (mm, exact; see below)    <= 0.1       >= 1.0
    chamfer      refine CAD-Recode Chamfer distance           <= 1e-3      >= 2e-2 (log)
    silhouette   refine worst of 3 silhouette IoUs            >= 0.99      <= 0.90
    volume       refine abs(V - V_ref) / V_ref                <= 0.01      >= 0.10
    bbox         refine max abs bound difference (mm)         <= 0.1       >= 1.0
    ============ ====== ===================================== ============ ============
 
-   ``core = min(iou, surface, sides)``: the measures that see the actual shape in place,
+   ``core = min(iou, surface, depth)``: the measures that see the actual shape in place,
    and all must hold. (Their mean paid a part with every feature misplaced: the envelope the
    instruction states keeps most of the IoU, and a trial's plate with its four holes
    elsewhere scored 0.23; its surface deviation, the distance from where its holes are to
@@ -60,10 +61,18 @@ Flow (nothing ever runs in the agent's sandbox; nothing heavy runs in the contro
    reference's 64: at most 0.5 % IoU, 0.6 % volume, 0.05 mm of surface deviation at
    r = 10 mm; two tessellations of one shape sample to a Chamfer distance of about 5e-4);
    an exact reproduction scores exactly 1.0. A plate missing one of four 6 mm holes keeps
-   an IoU of 0.993 but fails the topology gate; filled but for a hairline groove at its
-   wall and a pinhole that keeps the genus, with thin cuts that inflate the part's area
-   so its own surface samples miss the filled hole (a trial's forge: 0.99 before), it
-   puts material at about 0.6 % of the points outside the reference: ``sides`` 0.
+   an IoU of 0.993 but fails the topology gate.
+
+   ``depth`` is what the sampled measures cannot be made to miss. The part is tested
+   exactly (``geometry.wrong_beyond``) against the reference grown and shrunk by the
+   depth levels ``surface_full_mm`` and the middle of the surface ramp (0.1 and 0.55 mm):
+   within the first it scores 1, within the second 0.5 (the ramp at 0.55), beyond both 0.
+   A hole filled or closed by a lid, a membrane or a plug, however it is hollowed, grooved
+   or pinholed to keep the genus, and whatever area the part adds to thin out the surface
+   samples, is wrong beyond 0.55 mm: two trials' forges (0.99 with a filled hole's
+   grooves and pinhole and area-inflating cuts; 1.0 with a lidded hole whose only empty
+   space was the band the sampled "side" probes came from, and a content seed searched
+   offline until no surface sample fell on the lid) score 0.
 
 What tenants see (``details``): the output path and format, the gate that failed and why
 (in terms of the agent's own part: its triangle count, its components and genus, never the
@@ -114,17 +123,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from service.errors import CrucibleError, NotFound
 from service.runtime.base import ROOT, ExecRequest, SandboxRuntime
 from service.tasks.models import Task
-from service.verifiers import geometry
+from service.verifiers import cad_offsets, geometry
 from service.verifiers.base import VerifierResult
 from service.verifiers.bounded import BoundExceeded, WorkerUnavailable, run_bounded
 from service.verifiers.readback import engine_reads_container
 from service.verifiers.registry import EndState, register
 
 NAME = "cad"
-VERSION = "2"
+VERSION = "3"
 
 #: The measures that see the actual shape in place (their minimum is ``core``).
-CORE = ("iou", "surface", "sides")
+CORE = ("iou", "surface", "depth")
 #: The measures a wrong shape can satisfy (their mean is ``refine``; module docstring).
 REFINE = ("chamfer", "silhouette", "volume", "bbox")
 #: Share of the reward that ``core`` alone earns: ``core * (CORE_SHARE + (1 - CORE_SHARE)
@@ -175,10 +184,8 @@ class CadSettings(BaseModel):
     reference: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
     iou_full: float = Field(0.99, gt=0, le=1)
     iou_zero: float = Field(0.90, ge=0, lt=1)
-    surface_full_mm: float = Field(0.1, ge=0)
+    surface_full_mm: float = Field(0.1, gt=0)
     surface_zero_mm: float = Field(1.0, gt=0)
-    sides_full: float = Field(0.001, ge=0, lt=1)
-    sides_zero: float = Field(0.004, gt=0, le=1)
     chamfer_full: float = Field(1e-3, gt=0)
     chamfer_zero: float = Field(2e-2, gt=0)
     silhouette_full: float = Field(0.99, gt=0, le=1)
@@ -201,11 +208,17 @@ class CadSettings(BaseModel):
         for name in ("iou", "silhouette"):
             if getattr(self, f"{name}_zero") >= getattr(self, f"{name}_full"):
                 raise ValueError(f"{name}_zero must be below {name}_full")
-        for name in ("surface", "chamfer", "volume", "bbox", "sides"):
+        for name in ("surface", "chamfer", "volume", "bbox"):
             suffix = "_mm" if name in ("surface", "bbox") else ""
             if getattr(self, f"{name}_full{suffix}") >= getattr(self, f"{name}_zero{suffix}"):
                 raise ValueError(f"{name}_full{suffix} must be below {name}_zero{suffix}")
         return self
+
+    @property
+    def depth_levels(self) -> tuple[float, float]:
+        """The levels of the depth measure (mm): ``surface_full_mm`` and the middle of the
+        surface ramp (``geometry.wrong_depth``; module docstring)."""
+        return (self.surface_full_mm, (self.surface_full_mm + self.surface_zero_mm) / 2)
 
     @property
     def reference_name(self) -> str:
@@ -229,7 +242,9 @@ class Measures:
 
     Volumes in mm^3, lengths in mm, ``chamfer`` in squared units of the normalized cube.
     ``surface_deviation_mm`` is the bounding-box deviation (its lower bound) when
-    ``surface_skipped``.
+    ``surface_skipped``. ``wrong_depth_mm`` is the smallest depth level the part's
+    differences from the reference lie within (``geometry.wrong_depth``), ``inf`` when
+    they reach beyond every level or the surface was skipped.
     """
 
     iou: float
@@ -242,7 +257,7 @@ class Measures:
     bbox: list[list[float]]
     reference_bbox: list[list[float]]
     surface_skipped: bool = False
-    side_mismatch: float = 0.0
+    wrong_depth_mm: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -541,46 +556,45 @@ def measure_arrays(
     ref_vertices: np.ndarray,
     ref_faces: np.ndarray,
     surface_zero_mm: float,
+    offsets: list[geometry.Offset],
 ) -> Measures:
     """``measure`` on meshes given as arrays (runs in a bounded worker)."""
     result = trimesh.Trimesh(vertices=vertices, faces=faces, process=False)
     reference = trimesh.Trimesh(vertices=ref_vertices, faces=ref_faces, process=False)
-    return measure(result, reference, surface_zero_mm=surface_zero_mm)
+    return measure(result, reference, surface_zero_mm=surface_zero_mm, offsets=offsets)
 
 
 # --------------------------------------------------------------------------- measures and score
 
 
 def measure(
-    result: trimesh.Trimesh, reference: trimesh.Trimesh, *, surface_zero_mm: float = math.inf
+    result: trimesh.Trimesh,
+    reference: trimesh.Trimesh,
+    *,
+    surface_zero_mm: float = math.inf,
+    offsets: list[geometry.Offset] | None = None,
 ) -> Measures:
     """Every geometric measure of a gated ``result`` against ``reference``.
 
     The surface deviation is measured on the solid's boundary with a seed from its content
     (``geometry.surface_deviation``), and skipped when the bounding boxes already differ by
     ``surface_zero_mm`` or more (it cannot be smaller, and far-off meshes make the
-    point-to-surface queries needlessly expensive). The side mismatch
-    (``geometry.side_mismatch``) places its points between ``surface_zero_mm / 2`` and
-    ``2 * surface_zero_mm`` off the reference's surface (beyond where an honest part's
-    surface can be and still earn surface credit), seeded by the part's content; it is
-    1.0 when the surface deviation is skipped (the surface score is 0 then anyway).
+    point-to-surface queries needlessly expensive); the wrong depth is then ``inf``. The
+    wrong depth is tested exactly against ``offsets``, the reference grown and shrunk by
+    each depth level (``cad_offsets.reference_offsets``); without them it is 0 (not
+    measured: for callers that want the other measures alone).
     """
     v, v_ref = geometry.volume(result), geometry.volume(reference)
     bbox_dev = geometry.bbox_deviation(result, reference)
     skipped = bbox_dev >= surface_zero_mm
     if skipped:
-        deviation, sides = bbox_dev, 1.0
+        deviation, depth = bbox_dev, math.inf
     else:  # on the solid's own surface, sampled as only its content says (geometry)
         outer = geometry.boundary(result)
-        seed = geometry.content_seed(outer)
-        deviation = geometry.surface_deviation(outer, reference, a_seed=seed)
-        sides = (
-            geometry.side_mismatch(
-                outer, reference, near=surface_zero_mm / 2, far=2 * surface_zero_mm, seed=seed
-            )
-            if math.isfinite(surface_zero_mm)
-            else 0.0
+        deviation = geometry.surface_deviation(
+            outer, reference, a_seed=geometry.content_seed(outer)
         )
+        depth = geometry.wrong_depth(result, offsets) if offsets else 0.0
     return Measures(
         iou=geometry.volumetric_iou(result, reference),
         surface_deviation_mm=deviation,
@@ -592,7 +606,7 @@ def measure(
         bbox=geometry.bounding_box(result).round(6).tolist(),
         reference_bbox=geometry.bounding_box(reference).round(6).tolist(),
         surface_skipped=skipped,
-        side_mismatch=sides,
+        wrong_depth_mm=depth,
     )
 
 
@@ -609,7 +623,9 @@ def score(
         "surface": geometry.ramp_down(
             measures.surface_deviation_mm, full=s.surface_full_mm, zero=s.surface_zero_mm
         ),
-        "sides": geometry.ramp_down(measures.side_mismatch, full=s.sides_full, zero=s.sides_zero),
+        "depth": geometry.ramp_down(
+            measures.wrong_depth_mm, full=s.surface_full_mm, zero=s.surface_zero_mm
+        ),
         "chamfer": geometry.log_ramp_down(
             measures.chamfer, full=s.chamfer_full, zero=s.chamfer_zero
         ),
@@ -930,6 +946,7 @@ def verify(
             render_box = pool.submit(_timed, render_sandbox)
         with clock.time("reference"):
             ref = load_reference_part(check.reference_path, settings.format)
+            offsets = _reference_offsets(ref, settings)
         with clock.time("read"):
             got = read_output_file(
                 runtime, episode_container_id, settings.output, max_bytes=settings.max_file_bytes
@@ -978,6 +995,7 @@ def verify(
                 np.asarray(ref.mesh.vertices, dtype=np.float64),
                 np.asarray(ref.mesh.faces, dtype=np.int64),
                 settings.surface_zero_mm,
+                offsets,
                 settings=settings,
                 step="measure",
                 what="measuring the mesh",
@@ -1022,6 +1040,15 @@ def verify(
         pool.shutdown(wait=not skip_render)  # its sandbox goes below: a render in it ends
         for container in created:
             dispose(container)
+
+
+def _reference_offsets(ref: Reference, settings: CadSettings) -> list[geometry.Offset]:
+    """The reference grown and shrunk by each depth level (``cad_offsets``); a failure is
+    the task's (``VerifierFailure``), never the agent's."""
+    try:
+        return cad_offsets.reference_offsets(ref.mesh, settings.depth_levels)
+    except cad_offsets.OffsetsUnavailable as e:
+        raise VerifierFailure(str(e)) from None
 
 
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:

@@ -154,12 +154,30 @@ def test_a_part_cannot_dilute_the_surface_check_with_its_own_area(
     # Trial 21: holes filled but for a hairline groove at the wall and a pinhole for the
     # genus, and the part's area inflated ~20x by thin cuts under its faces, so its own
     # surface samples missed the filled holes: 0.99 (passed) with one hole missing, 0.73
-    # with four. Now points placed off the reference's surface (which the part's area
-    # cannot dilute) find material where the reference has none.
+    # with four. Now the exact depth test (the reference grown and shrunk, booleans)
+    # finds the fill, which nothing the part adds can dilute.
     from tests.redteam import cad_laminated
 
     ep = start(stack)
     upload(stack, ep, cad_laminated.build(missing=missing))
+    rec = verify(stack, ep)
+    assert_unpaid(rec)
+    assert rec["reward_components"]["topology"] == 1.0  # it passed the gates
+    assert rec["reward"] == 0.0, rec["verifier"]
+
+
+def test_a_lidded_hole_with_a_searched_seed_earns_nothing(stack: Stack) -> None:
+    # Trial 22: the hole closed by a lid, with a pin and a wall lining that left empty only
+    # the band the sampled side probes were drawn from, thin cuts that inflate the area,
+    # and a content seed searched offline (shifts of 8e-6 mm) until neither the surface
+    # samples nor the side probes saw the lid: 1.0, passed. The exact depth test has no
+    # samples to search around.
+    from tests.redteam import cad_laminated
+
+    data = cad_laminated.search_seed(cad_laminated.solid(missing=(3,), fill="lid"), reference())
+    assert data is not None
+    ep = start(stack)
+    upload(stack, ep, data)
     rec = verify(stack, ep)
     assert_unpaid(rec)
     assert rec["reward_components"]["topology"] == 1.0  # it passed the gates

@@ -13,7 +13,7 @@ import pytest
 import trimesh
 
 from service.tasks.loader import load_suite
-from service.verifiers import cad
+from service.verifiers import cad, cad_offsets
 
 TASKS = {t.id: t for t in load_suite(Path(__file__).resolve().parents[2] / "tasks" / "cad")}
 CAP = 0.05
@@ -28,8 +28,9 @@ def reward(task_id: str, mesh: trimesh.Trimesh) -> float:
                             ref.topology)  # fmt: skip
     if gated.problem is not None:
         return 0.0
+    offsets = cad_offsets.reference_offsets(ref.mesh, s.depth_levels)
     m = cad.measure_arrays(gated.vertices, gated.faces, ref.mesh.vertices, ref.mesh.faces,
-                           s.surface_zero_mm)  # fmt: skip
+                           s.surface_zero_mm, offsets)  # fmt: skip
     return cad.score(m, None, s)[0]
 
 
