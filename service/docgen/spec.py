@@ -180,15 +180,21 @@ def text(
     *,
     evidence: Sequence[str] = (),
     aliases: Sequence[str] = (),
+    exact: bool = False,
 ) -> Answer:
-    """Free text scored by ANLS (``aliases`` are other accepted spellings)."""
+    """Free text scored by ANLS (``aliases`` are other accepted spellings). ``exact``: an
+    identifier (an invoice number), where a near miss is a wrong answer, not partial
+    credit: only the printed text (up to case and spacing) scores. (A trial earned 0.26
+    of an invoice number by guessing its format.)"""
     truth: dict[str, Any] = {"type": "text", "value": value}
     if aliases:
         truth["aliases"] = list(aliases)
+    if exact:
+        truth["exact"] = True
     return Answer(
         key=key,
         question=question,
-        form="text, as printed",
+        form="text, exactly as printed" if exact else "text, as printed",
         truth=truth,
         oracle=value,
         evidence=tuple(evidence) or (value,),

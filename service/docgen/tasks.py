@@ -1643,7 +1643,7 @@ def invoice_line_items() -> TaskSpec:
         intro="`/app/invoice.pdf` is a supplier's invoice. Report the fields below.",
         documents={"invoice.pdf": doc},
         answers=(
-            text("invoice_number", "The invoice number", number_),
+            text("invoice_number", "The invoice number", number_, exact=True),
             text("supplier_name", "The supplier's company name", supplier),
             date(
                 "invoice_date",

@@ -31,7 +31,10 @@ Field types and how one is scored (each field scores in [0, 1]):
     (``order`` resolves ``03/04/2024``-style answers).
   * ``currency``: ``value`` an ISO code; right when ``parse_currency`` gives it.
   * ``text``: ``value`` (+ ``aliases``); the score is ANLS (``anls``, threshold 0.5 by
-    default): partial credit ``1 - NL`` for a near miss, 0 past the threshold.
+    default): partial credit ``1 - NL`` for a near miss, 0 past the threshold. With
+    ``"exact": true`` (identifiers: an invoice number) only the text itself scores, up to
+    case and spacing (``normalize_text``): a near miss of an identifier is another
+    identifier (a trial earned 0.26 of one by guessing its format).
 
 Reward. With ``n`` the weighted mean score of the fields that are not guessable, ``g``
 that of the guessable ones (``"guessable": true``: the instruction alone gives the value
@@ -93,6 +96,7 @@ from service.verifiers.normalize import (
     OutOfRange,
     anls,
     json_repr,
+    normalize_text,
     parse_amount,
     parse_currency,
     parse_date,
@@ -219,6 +223,7 @@ class TextField(_FieldBase):
     value: str = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
     threshold: float = Field(0.5, gt=0, le=1)
+    exact: bool = False
 
 
 FieldSpec = Annotated[
@@ -382,7 +387,11 @@ def _tolerance_text(spec: NumberField) -> str:
 
 def _score_text(spec: TextField, given: str | int | float) -> FieldScore:
     text = given if isinstance(given, str) else json.dumps(given)
-    score = round(anls(text, [spec.value, *spec.aliases], threshold=spec.threshold), 6)
+    if spec.exact:
+        truths = {normalize_text(t) for t in (spec.value, *spec.aliases)}
+        score = 1.0 if normalize_text(text) in truths else 0.0
+    else:
+        score = round(anls(text, [spec.value, *spec.aliases], threshold=spec.threshold), 6)
     if score == 1.0:
         return FieldScore(score=1.0, normalized=text)
     return FieldScore(

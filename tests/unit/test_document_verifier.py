@@ -164,6 +164,25 @@ def test_text_field_is_anls() -> None:
     assert score_field(number, 10234).score == 1.0  # a JSON number is compared as text
 
 
+def test_an_exact_text_field_pays_only_the_identifier() -> None:
+    # Trial 21: an invoice number's format guessed from the instruction ("INV-2025-000000")
+    # earned ANLS partial credit (~0.26 with another field); an identifier one character
+    # off is another invoice.
+    s = spec(type="text", value="INV-2025-006116", exact=True)
+    assert score_field(s, "inv-2025-006116").score == 1.0  # case and spacing only
+    assert score_field(s, " INV-2025-006116 ").score == 1.0
+    for near in ("INV-2025-006117", "INV-2025-000000", "INV-2025-00611"):
+        assert (score_field(s, near).score, score_field(s, near).reason) == (0.0, "mismatch")
+    assert score_field(spec(type="text", value="INV-2025-006116"), "INV-2025-000000").score > 0
+
+
+def test_the_generated_invoice_number_is_exact() -> None:
+    root = Path(__file__).resolve().parents[2] / "tasks" / "document" / "invoice-line-items"
+    fields = json.loads((root / "tests" / "expected.json").read_text())["fields"]
+    assert fields["invoice_number"]["exact"] is True
+    assert "exactly as printed" in (root / "instruction.md").read_text()
+
+
 # --------------------------------------------------------------------------- the answer
 
 
