@@ -47,8 +47,8 @@ SEED = 20240617
 #: they earn credit only in proportion to the task's other fields; see
 #: ``service.verifiers.document``). A field belongs here when its value follows from what
 #: the instruction states (a country it names, a currency its answer forms name, a period or
-#: year it gives) plus common knowledge, without reading the documents; ANLS partial credit
-#: counts. ``tests/unit/test_document_guessable.py`` guesses every field from the
+#: year it gives) plus common knowledge, or from a prior alone (the largest economies, for a
+#: text field), without reading the documents; ANLS partial credit counts. ``tests/unit/test_document_guessable.py`` guesses every field from the
 #: instruction alone and fails when a guess earns credit on a field not listed here.
 GUESSABLE: dict[str, tuple[str, ...]] = {
     # a 2023 annual report: the calendar year end is the default guess
@@ -61,6 +61,8 @@ GUESSABLE: dict[str, tuple[str, ...]] = {
     "interim-report-dates": ("period_end_date",),
     # comparatives for "the year ended 31 March 2023" in the 2024 report
     "restated-comparatives": ("financial_year_end",),
+    # one of the table's countries, and a prior ("the largest economy in Europe") is right
+    "revenue-by-country-across-pages": ("largest_market_2023",),
     # "Northgate Schweiz AG"; the instruction names four subsidiaries (ANLS partial credit)
     "subsidiaries-multi-currency": (
         "swiss_functional_currency",

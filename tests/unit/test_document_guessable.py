@@ -3,7 +3,8 @@
 A guesser that sees only a task's instruction (never its documents) answers every field
 from what the instruction states: the currencies of the countries and nationalities it
 names and of the currency words in its answer forms, period ends of the years it mentions,
-dates it prints, names it prints, and the statutory rates of the countries it names. Every
+dates it prints, names it prints, and the statutory rates of the countries it names; and
+from priors: the largest economies, for any text field. Every
 field that such a guess scores above 0 on must be declared ``guessable`` in the task's
 ground truth (``service.docgen.tasks.GUESSABLE``), and the guesser's best answer must
 score 0 on every bundled task.
@@ -36,6 +37,10 @@ COUNTRY_CURRENCY = {
 STATUTORY_RATES = {"dutch": ["25.8%", "19%", "21%"], "uk": ["25%", "20%"], "us": ["21%"],
                    "swiss": ["14.6%", "8.5%", "7.7%"], "canadian": ["26.5%", "15%"]}  # fmt: skip
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
+#: Answers a guesser tries on any text field without reading anything: the largest
+#: economies and markets (a trial's "Germany" for a food group's largest market: 0.2).
+PRIORS = ["United States", "China", "Germany", "Japan", "United Kingdom", "France", "India",
+          "Brazil", "Italy", "Canada"]  # fmt: skip
 
 
 def candidates(instruction: str) -> dict[str, list[str]]:
@@ -61,7 +66,7 @@ def candidates(instruction: str) -> dict[str, list[str]]:
     return {
         "currency": currencies,
         "date": sorted(set(dates)),
-        "text": sorted(set(names)),
+        "text": sorted(set(names) | set(PRIORS)),
         "percent": rates,
         "money": [],
         "number": [],
