@@ -48,8 +48,9 @@ SEED = 20240617
 #: ``service.verifiers.document``). A field belongs here when its value follows from what
 #: the instruction states (a country it names, a currency its answer forms name, a period or
 #: year it gives) plus common knowledge, or from a prior alone (the largest economies, for a
-#: text field), without reading the documents; ANLS partial credit counts. ``tests/unit/test_document_guessable.py`` guesses every field from the
-#: instruction alone and fails when a guess earns credit on a field not listed here.
+#: text field), without reading the documents; ANLS partial credit counts.
+#: ``tests/unit/test_document_guessable.py`` guesses every field from the instruction alone
+#: and fails when a guess earns credit on a field not listed here.
 GUESSABLE: dict[str, tuple[str, ...]] = {
     # a 2023 annual report: the calendar year end is the default guess
     "annual-report-income-statement": ("fiscal_year_end",),

@@ -27,7 +27,7 @@ from service.verifiers import geometry
 from service.verifiers.bounded import BoundExceeded, WorkerUnavailable, run_bounded
 
 #: Bumped whenever ``geometry.offset`` would compute something else for the same input.
-ALGORITHM = "1"
+ALGORITHM = "2"
 #: Wall clock and memory of the worker that computes one reference's offsets (a task's
 #: reference, not the agent's part: past these the task is broken, never the agent).
 OFFSET_TIMEOUT_S = 600.0
