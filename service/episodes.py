@@ -35,6 +35,7 @@ from service.tasks.registry import template_name
 from service.templates import Template
 from service.tenants import Principal
 from service.text import recordable
+from service.verifiers import fairslots
 from service.verifiers import registry as verifier_registry
 from service.verifiers.base import VerifierResult
 from service.verifiers.registry import EndState
@@ -380,7 +381,11 @@ def run_verifier(
         fresh_sandbox=lambda: _fresh_sandbox(ctx, ep, template),
         dispose=ctx.pools.destroy_container_async,
     )
-    with tracing.span(f"verifier.{task.verifier}", domain=task.domain):
+    # the bounded workers it uses count against the episode's tenant (fairslots)
+    with (
+        tracing.span(f"verifier.{task.verifier}", domain=task.domain),
+        fairslots.on_behalf_of(ep.tenant_id),
+    ):
         return verifier(task, end), snapshot_id
 
 

@@ -13,8 +13,10 @@ it and writes the outcome back (pickled). The parent waits at most ``timeout_s``
 past that the child's process group is killed (SIGKILL; the zygote reaps it). Nothing is
 forked from the multi-threaded control plane itself, and no ``__main__`` is re-imported
 (what ``multiprocessing``'s spawn and forkserver methods do). At most ``MAX_CONCURRENT``
-children run at once (further calls wait for a slot; the wait does not count against
-their limit), so a burst of verifications cannot take every core.
+children of one tenant run at once, and one more of another's (further calls wait for a
+slot, granted fairly between tenants: ``fairslots``; the wait does not count against their
+limit), so a burst of verifications cannot take every core, and one tenant's cannot hold
+another's up.
 
 Outcomes: the result; the exception ``fn`` raised, re-raised in the parent (one that
 cannot be pickled becomes ``RuntimeError`` with its text); or ``BoundExceeded`` with
@@ -47,6 +49,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from service.verifiers.fairslots import FairSlots
+
 T = TypeVar("T")
 BoundCause = Literal["timeout", "memory", "crashed"]
 
@@ -54,13 +58,14 @@ BoundCause = Literal["timeout", "memory", "crashed"]
 #: call instead of ~0.6 s of imports).
 PRELOAD = ("service.verifiers.geometry", "service.verifiers.normalize", "service.verifiers.cad",
            "service.verifiers.document")  # fmt: skip
-#: Children running at once, across every caller in this process.
+#: Children of one tenant running at once, across every caller in this process (the pool
+#: holds one more, for another tenant: ``fairslots``).
 MAX_CONCURRENT = max(1, (os.cpu_count() or 2) - 1)
 #: Largest pickled request or result, in bytes.
 MAX_MESSAGE_BYTES = 256 << 20
 
 _HEADER = struct.Struct("!Q")
-_slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+_slots = FairSlots(total=MAX_CONCURRENT + 1, per_tenant=MAX_CONCURRENT)
 
 
 class BoundExceeded(Exception):
@@ -226,7 +231,7 @@ def run_bounded(
     request = pickle.dumps(
         (fn, args, memory_mb, max(1, math.ceil(timeout_s))), protocol=pickle.HIGHEST_PROTOCOL
     )
-    with _slots:
+    with _slots.slot():
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid: int | None = None
         answered = False
