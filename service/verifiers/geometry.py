@@ -296,7 +296,8 @@ def surface_deviation(
     for src, dst, src_seed in ((a, b, seed if a_seed is None else a_seed), (b, a, seed)):
         points, _ = trimesh.sample.sample_surface(src, n_points, seed=src_seed)
         _, distances, _ = trimesh.proximity.closest_point(dst, points)
-        worst = max(worst, float(np.max(distances)))
+        far = float(np.max(distances))
+        worst = math.inf if math.isnan(far) else max(worst, far)  # NaN: not measured, worst
     return worst
 
 
@@ -445,7 +446,9 @@ def silhouette_iou(a: np.ndarray, b: np.ndarray) -> float:
 
 def ramp_up(value: float, *, full: float, zero: float) -> float:
     """Score of a measure where more is better: 1 at ``value >= full``, 0 at
-    ``value <= zero``, linear between (``zero < full``)."""
+    ``value <= zero`` or NaN, linear between (``zero < full``)."""
+    if math.isnan(value):
+        return 0.0
     if value >= full:
         return 1.0
     if value <= zero:
@@ -455,7 +458,9 @@ def ramp_up(value: float, *, full: float, zero: float) -> float:
 
 def ramp_down(value: float, *, full: float, zero: float) -> float:
     """Score of an error where less is better: 1 at ``value <= full``, 0 at
-    ``value >= zero``, linear between (``full < zero``)."""
+    ``value >= zero`` or NaN, linear between (``full < zero``)."""
+    if math.isnan(value):
+        return 0.0
     if value <= full:
         return 1.0
     if value >= zero:
@@ -465,7 +470,10 @@ def ramp_down(value: float, *, full: float, zero: float) -> float:
 
 def log_ramp_down(value: float, *, full: float, zero: float) -> float:
     """``ramp_down`` on a log scale (for errors that span decades, like the Chamfer
-    distance): 1 at ``value <= full``, 0 at ``value >= zero``, linear in ``log(value)``."""
+    distance): 1 at ``value <= full``, 0 at ``value >= zero`` or NaN, linear in
+    ``log(value)``."""
+    if math.isnan(value):
+        return 0.0
     if value <= full:
         return 1.0
     if value >= zero:

@@ -223,3 +223,12 @@ def test_ramps() -> None:
     assert g.log_ramp_down(1e-2, full=1e-3, zero=1e-1) == pytest.approx(0.5)
     assert g.log_ramp_down(0.0, full=1e-3, zero=1e-1) == 1.0
     assert g.log_ramp_down(1.0, full=1e-3, zero=1e-1) == 0.0
+
+
+def test_a_measure_that_is_nan_scores_zero() -> None:
+    # Trial 23: min() over the core scores skips a NaN that is not first (min([1.0, nan,
+    # 1.0]) == 1.0), so a NaN measure could have counted as full credit.
+    nan = float("nan")
+    assert g.ramp_up(nan, full=0.99, zero=0.9) == 0.0
+    assert g.ramp_down(nan, full=0.01, zero=0.1) == 0.0
+    assert g.log_ramp_down(nan, full=1e-3, zero=1e-1) == 0.0
