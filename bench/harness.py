@@ -154,7 +154,8 @@ def serve(pool_targets: str = '{"terminal": 2}', *args: str) -> Iterator[Served]
 
 
 def report(title: str, rows: list[tuple[Series, Series | None]], console: Console) -> None:
-    """Print each series beside its baseline with p50/p99 ratios."""
+    """Print each series beside its baseline with p50/p99 ratios, at least 150 columns wide
+    (a CI log is not a terminal: rich's default 80 columns folded every cell)."""
     table = Table(title=title)
     for col in (
         "operation",
@@ -180,4 +181,9 @@ def report(title: str, rows: list[tuple[Series, Series | None]], console: Consol
             f"{s.p50 / b.p50:.2f}x" if b else "-",
             f"{s.p99 / b.p99:.2f}x" if b else "-",
         )
-    console.print(table)
+    width = console.width
+    console.width = max(width, 150)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
