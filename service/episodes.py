@@ -386,7 +386,17 @@ def run_verifier(
         tracing.span(f"verifier.{task.verifier}", domain=task.domain),
         fairslots.on_behalf_of(ep.tenant_id),
     ):
-        return verifier(task, end), snapshot_id
+        try:
+            return verifier(task, end), snapshot_id
+        except Exception as e:  # a verifier bug: a record of it, never a 500 and a stuck episode
+            log.exception("episode %s: the %s verifier raised", ep.id, task.verifier)
+            return VerifierResult(
+                name=task.verifier,
+                version="",
+                status="error",
+                reward=None,
+                details={"reason": f"the verifier failed: {type(e).__name__}: {e}"[:2000]},
+            ), snapshot_id
 
 
 def _fresh_sandbox(ctx: ServiceContext, ep: Episode, template: Template) -> str:

@@ -143,11 +143,14 @@ def changes(upper: str, lowers: list[str], *, limit: int | None = None) -> list[
     non-directory is marked ``replaced``. A directory marked opaque hides the lower
     directory: each lower child it does not hold again is reported deleted, as the engine's
     tree comparison does. With ``limit``, the walk stops once more than ``limit`` changes
-    are found.
+    are found. The walk keeps its own stack, so a tree of any depth is read (``os.walk``
+    recursed once per level in Python 3.11: a trial's 1,100 nested directories raised
+    ``RecursionError`` and the verify answered 500); a directory that cannot be listed is
+    skipped, as ``os.walk`` did.
     """
     out: list[FsChange] = []
-    for dirpath, dirnames, filenames in os.walk(upper):
-        for name in sorted(dirnames + filenames):
+    for dirpath, names in _walk(upper):
+        for name in names:
             if limit is not None and len(out) > limit:
                 return out[: limit + 1]
             full = os.path.join(dirpath, name)
@@ -167,6 +170,22 @@ def changes(upper: str, lowers: list[str], *, limit: int | None = None) -> list[
                 hidden = _lower_children(lowers, rel)
                 out.extend(FsChange(f"/{rel}/{c}", "deleted") for c in sorted(hidden - present))
     return out if limit is None else out[: limit + 1]
+
+
+def _walk(top: str) -> Iterator[tuple[str, list[str]]]:
+    """``(directory, sorted names in it)`` for ``top`` and every directory below it (not
+    through symbolic links), parents first, without recursion."""
+    stack = [top]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError:
+            continue
+        listed.sort()
+        yield directory, [name for name, _ in listed]
+        stack.extend(os.path.join(directory, n) for n, is_dir in reversed(listed) if is_dir)
 
 
 def changes_since(
@@ -279,25 +298,30 @@ def _describe(describer: tarfile.TarFile, upper: str, rel: str) -> tarfile.TarIn
 
 
 def _tree(
-    describer: tarfile.TarFile, upper: str, rel: str, seen: set[str]
+    describer: tarfile.TarFile, upper: str, top: str, seen: set[str]
 ) -> Iterator[tuple[tarfile.TarInfo, BinaryIO | None]]:
-    if rel in seen:
-        return
-    info = _describe(describer, upper, rel)
-    if info is None:
-        if not os.path.lexists(os.path.join(upper, rel)):
-            raise UnreadablePath("/" + rel)
-        return  # a whiteout or a socket: nothing to carry
-    seen.add(rel)
-    if info.isreg():
-        fd = os.open(os.path.join(upper, rel), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            yield info, f
-        return
-    yield info, None
-    if info.isdir():
-        for child in sorted(os.listdir(os.path.join(upper, rel))):
-            yield from _tree(describer, upper, f"{rel}/{child}", seen)
+    """``top`` and everything below it, parents first, children sorted, with its own
+    stack (no recursion: any depth; see ``changes``)."""
+    stack = [top]
+    while stack:
+        rel = stack.pop()
+        if rel in seen:
+            continue
+        info = _describe(describer, upper, rel)
+        if info is None:
+            if not os.path.lexists(os.path.join(upper, rel)):
+                raise UnreadablePath("/" + rel)
+            continue  # a whiteout or a socket: nothing to carry
+        seen.add(rel)
+        if info.isreg():
+            fd = os.open(os.path.join(upper, rel), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                yield info, f
+            continue
+        yield info, None
+        if info.isdir():
+            children = sorted(os.listdir(os.path.join(upper, rel)))
+            stack.extend(f"{rel}/{child}" for child in reversed(children))
 
 
 def read_regular(

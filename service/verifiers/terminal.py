@@ -496,7 +496,7 @@ def _replay(
                 source, plan.copy, max_bytes=check.max_end_state_bytes, base_image=base_image
             )
             for info, reader in entries:
-                t.addfile(info, reader)
+                t.addfile(info, _EndStateFile(reader, info) if reader is not None else None)
             # /tests and /logs are protected (never replayed): fresh tests and an empty
             # /logs/verifier go in last.
             add_tests(t, check.tests_dir, check.extra_files, site_dirs, private_files)
@@ -510,6 +510,28 @@ def _replay(
             raise EndStateUnreadable(
                 f"the end state cannot be replayed onto the task image: {e.detail}"
             ) from e
+
+
+class _EndStateFile:
+    """A file of the frozen end state as the replay's archive reads it: a read that fails,
+    or that ends before the size its entry recorded (trial 24: a file that reads shorter
+    made ``tarfile`` raise ``OSError``, a verifier error), is the end state's
+    (``EndStateUnreadable``); failures writing the archive stay Crucible's."""
+
+    def __init__(self, inner: Any, info: tarfile.TarInfo) -> None:
+        self._inner, self._info, self._left = inner, info, info.size
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes; raises ``EndStateUnreadable`` as above."""
+        try:
+            data = self._inner.read(n)
+        except OSError as e:
+            raise EndStateUnreadable(f"reading {self._info.name} failed: {e}") from e
+        wanted = min(n, self._left) if n >= 0 else self._left
+        self._left -= len(data)
+        if len(data) < wanted:
+            raise EndStateUnreadable(f"{self._info.name} changed while it was read")
+        return data
 
 
 def check_for(task: Task) -> TerminalCheck:

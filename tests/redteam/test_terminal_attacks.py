@@ -215,8 +215,11 @@ def test_a_killed_supervisor_is_verified_from_its_filesystem(stack: Stack) -> No
         # a name that is not UTF-8 in a protected place went into details.tampered as a
         # lone surrogate, the record refused it and every verify answered 400 (a trial)
         "mkdir -p /logs && touch /usr/local/$'\\xff' /logs/$'\\xfe\\xff'",
+        # 1,100 nested directories: the host-side walk recursed past Python's limit, the
+        # verify answered 500 and the episode stayed verifying, with no record (trial 24)
+        "mkdir -p /app/$(printf 'd/%.0s' $(seq 1 1100))",
     ],
-    ids=["fifos", "deep-path", "many-files", "non-utf8-name"],
+    ids=["fifos", "deep-path", "many-files", "non-utf8-name", "deep-tree"],
 )
 def test_unreadable_or_huge_end_states_score_zero(stack: Stack, planted: str) -> None:
     ep = start(stack, "word-frequency-top20")

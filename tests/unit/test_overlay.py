@@ -176,6 +176,31 @@ def test_a_tree_too_deep_for_the_host_is_the_end_states_outcome(tmp_path: Path) 
     assert not isinstance(_read_error(OSError(errno.EIO, "I/O error"), "x"), EndStateUnreadable)
 
 
+def test_a_tree_deeper_than_the_recursion_limit_is_read(tmp_path: Path) -> None:
+    # Trial 24: 1,100 nested directories (2.2 KB of path, within every cap) made os.walk
+    # (recursive in Python 3.11) raise RecursionError in the diff: the verify answered 500,
+    # stored no record and left the episode verifying. The walks keep their own stacks.
+    upper = tmp_path / "upper"
+    (upper / "app").mkdir(parents=True)
+    fd = os.open(upper / "app", os.O_RDONLY)
+    try:
+        for _ in range(1100):
+            os.mkdir("d", dir_fd=fd)
+            nfd = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+    found = overlay.changes(str(upper), [])
+    assert len(found) == 1 + 1100 + 1 and all(c.kind == "added" for c in found)
+    assert found[0].path == "/app" and found[-1].path.endswith("/d/f")
+    names = [info.name for info, _ in overlay.entries(str(upper), ["/app"])]
+    assert len(names) == 1102 and names == sorted(names, key=len)
+    for name in reversed(names):  # deepest first: pytest's own rmtree recurses too
+        (os.rmdir if not name.endswith("/f") else os.unlink)(upper / name)
+
+
 def test_a_path_that_changes_while_a_frozen_end_state_is_read_is_the_end_states() -> None:
     # A fourth trial: a write accepted before the verifier took the sandbox landed while
     # its changes were read (an ancestor became a file): an error record before, a 0 now.

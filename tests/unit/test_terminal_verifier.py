@@ -446,3 +446,34 @@ def test_a_task_whose_children_keep_their_capabilities_is_not_evidence() -> None
     assert (
         "trusted" not in score(CHECK, obs, exit_code=0, reward_txt=b"1", reward_json=None).details
     )
+
+
+def test_a_file_that_reads_short_in_the_replay_is_the_end_states() -> None:
+    # Trial 24: a file that reads shorter than its entry's size made tarfile raise OSError
+    # in the replay (a verifier error, out of the loss); a failed read likewise.
+    import io
+    import tarfile
+
+    from service.runtime.base import EndStateUnreadable
+    from service.verifiers.terminal import _EndStateFile
+
+    class Failing(io.BytesIO):
+        def read(self, n: int = -1) -> bytes:
+            raise OSError(5, "Input/output error")
+
+    for reader in (io.BytesIO(b"x" * 5), Failing()):
+        info = tarfile.TarInfo("app/out.txt")
+        info.size = 10
+        with (
+            tarfile.open(fileobj=io.BytesIO(), mode="w") as t,
+            pytest.raises(EndStateUnreadable, match="app/out.txt"),
+        ):
+            t.addfile(info, _EndStateFile(reader, info))
+    info = tarfile.TarInfo("app/whole.txt")
+    info.size = 70_000  # more than one of tarfile's blocks
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.addfile(info, _EndStateFile(io.BytesIO(b"y" * 70_000), info))
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as t:
+        assert t.extractfile("app/whole.txt").read() == b"y" * 70_000
