@@ -62,6 +62,8 @@ GUESSABLE: dict[str, tuple[str, ...]] = {
     "interim-report-dates": ("period_end_date",),
     # comparatives for "the year ended 31 March 2023" in the 2024 report
     "restated-comparatives": ("financial_year_end",),
+    # "VAT", amounts "in euros": 21 % is the commonest euro-area standard rate (a trial)
+    "invoice-line-items": ("vat_rate",),
     # one of the table's countries, and a prior ("the largest economy in Europe") is right
     "revenue-by-country-across-pages": ("largest_market_2023",),
     # "Northgate Schweiz AG"; the instruction names four subsidiaries (ANLS partial credit)

@@ -28,7 +28,8 @@ TASKS = {t.id: t for t in load_suite(SUITE)}
 
 #: What a guesser knows without the documents (common knowledge, not task data).
 COUNTRY_CURRENCY = {
-    "dutch": "EUR", "netherlands": "EUR", "european": "EUR", "euro": "EUR", "german": "EUR",
+    "dutch": "EUR", "netherlands": "EUR", "european": "EUR", "euro": "EUR", "euros": "EUR",
+    "german": "EUR",
     "swiss": "CHF", "schweiz": "CHF", "switzerland": "CHF", "canadian": "CAD", "canada": "CAD",
     "uk": "GBP", "british": "GBP", "sterling": "GBP", "us": "USD", "u.s.": "USD",
     "new york": "USD", "japan": "JPY", "japanese": "JPY", "yen": "JPY", "brazil": "BRL",
@@ -36,6 +37,7 @@ COUNTRY_CURRENCY = {
 }  # fmt: skip
 STATUTORY_RATES = {"dutch": ["25.8%", "19%", "21%"], "uk": ["25%", "20%"], "us": ["21%"],
                    "swiss": ["14.6%", "8.5%", "7.7%"], "canadian": ["26.5%", "15%"]}  # fmt: skip
+VAT_RATES = ["21%", "20%", "19%", "25%", "22%", "23%", "24%", "17%", "7.7%", "8.1%"]
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
 #: Answers a guesser tries on any text field without reading anything: the largest
 #: economies and markets (a trial's "Germany" for a food group's largest market: 0.2).
@@ -63,6 +65,8 @@ def candidates(instruction: str) -> dict[str, list[str]]:
             dates.append(f"{y}-{MONTHS[month.lower()]:02d}-{int(d):02d}")
     names = re.findall(r"[A-Z][\w.]*(?: (?:[A-Z][\w.]*|do|de|of))+", instruction)
     rates = [r for k in named for r in STATUTORY_RATES.get(k, [])]
+    if "vat" in words:  # the common standard VAT rates (a trial's "21%" for euros: 1/6)
+        rates += VAT_RATES
     return {
         "currency": currencies,
         "date": sorted(set(dates)),
