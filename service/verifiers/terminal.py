@@ -279,6 +279,14 @@ def verify(
     """
     t0 = time.perf_counter()
     created: list[str] = []
+    marks: dict[str, float] = {}  # each step's wall time in ms, in order (private)
+    last = [t0]
+
+    def lap(step: str) -> None:
+        now = time.perf_counter()
+        marks[step] = round((now - last[0]) * 1e3, 2)
+        last[0] = now
+
     try:
         try:
             # against the pristine image: a sandbox resumed from a checkpoint holds the
@@ -288,9 +296,12 @@ def verify(
             )
         except EndStateUnreadable as e:
             return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0)
+        lap("diff")
         vcid = fresh_sandbox()
         created.append(vcid)
+        lap("sandbox")
         tools = toolchain.scan(runtime, vcid, image=image or vcid, workdir=check.workdir)
+        lap("toolchain")
         plan = plan_changes(changes, protected=tools.protected)
         tampered = {"tampered": list(plan.tampered)}
         if plan.too_big:
@@ -314,6 +325,7 @@ def verify(
             return _zero("too_big", reason, t0, **tampered)
         except EndStateUnreadable as e:
             return _zero("unreadable", f"the end state cannot be read: {e.detail}", t0, **tampered)
+        lap("replay")
         env = verifier_env(check, pristine_before, time.time_ns())
         try:
             res = runtime.exec(
@@ -346,8 +358,9 @@ def verify(
         if res.handler_lost:  # the same, told by the runtime as the command's result
             reason = "the test command's supervisor was lost while the tests ran"
             return _zero("supervisor_lost", reason, t0, **tampered)
+        lap("tests")
         log_tail = (res.stdout[-4000:] + res.stderr[-2000:]).decode("utf-8", "replace")
-        private: dict[str, Any] = {"log_tail": log_tail}
+        private: dict[str, Any] = {"log_tail": log_tail, "timing_ms": marks}
         if res.timed_out:
             reason = f"the tests exceeded their {check.timeout_s} s limit"
             return _zero("timeout", reason, t0, private=private, **tampered)
@@ -366,6 +379,7 @@ def verify(
             # what the tests' run did to /logs/verifier (a trial made it a symlink loop)
             reason = f"the test report directory cannot be read: {e.detail}"
             return _zero("report_unreadable", reason, t0, private=private, **tampered)
+        lap("report")
         obs = judge(res.observed, secret, truncated=res.observed_truncated)
         private["tests"] = dict(list(obs.tests.items())[:2000])
         private["tests_ms"] = round(res.duration_ms, 3)  # the children can stretch it
@@ -502,7 +516,7 @@ def _replay(
             add_tests(t, check.tests_dir, check.extra_files, site_dirs, private_files)
         buf.seek(0)
         try:
-            runtime.put_archive(into, "/", buf)
+            runtime.put_archive(into, "/", buf, pristine_tar=True)  # nothing else touched it
         except (Conflict, InvalidRequest) as e:
             # The archive holds the end state's entries, and the pristine filesystem refuses
             # them (a directory where the image has a file, which the engine's own diff in
