@@ -68,6 +68,9 @@ JSON_PROBLEM = (
 # end state over the limit is seen as one, and millions of entries are never held whole
 DIFF_READ_ENTRIES = 2 * MAX_CHANGED_ENTRIES
 SPOOL_BYTES = 64 << 20  # the replay archive stays in memory up to this size, then on disk
+#: Largest replay archive the verifier sandbox's own tar extracts (sent as its command's
+#: stdin, whole, in memory); above it the engine extracts it from the spool.
+PRISTINE_TAR_BYTES = 16 << 20
 OBSERVER_PATH = "/opt/crucible/py"
 AUDIT_LIBRARY = f"{OBSERVER_PATH}/crucible-audit.so"  # rtld-audit: supervisor/crucible-audit.c
 
@@ -514,9 +517,12 @@ def _replay(
             # /tests and /logs are protected (never replayed): fresh tests and an empty
             # /logs/verifier go in last.
             add_tests(t, check.tests_dir, check.extra_files, site_dirs, private_files)
+        # nothing but Crucible touched the sandbox, so its own tar may extract a small
+        # archive (sent whole, over the exec channel); a larger one streams to the engine
+        small = buf.tell() <= PRISTINE_TAR_BYTES
         buf.seek(0)
         try:
-            runtime.put_archive(into, "/", buf, pristine_tar=True)  # nothing else touched it
+            runtime.put_archive(into, "/", buf, pristine_tar=small)
         except (Conflict, InvalidRequest) as e:
             # The archive holds the end state's entries, and the pristine filesystem refuses
             # them (a directory where the image has a file, which the engine's own diff in
