@@ -322,6 +322,11 @@ class SandboxRuntime(Protocol):
         (exec channel directories); return how many."""
         ...
 
+    def marks_type_changes(self, container_id: str) -> bool:
+        """Whether ``diff`` marks an entry whose type changed (``replaced``) for this
+        container: True only where its layers are read directly. Default False."""
+        return False
+
     def diff(
         self, container_id: str, *, base_image: str | None = None, max_entries: int | None = None
     ) -> list[FsChange]:

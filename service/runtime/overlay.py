@@ -294,6 +294,10 @@ def _describe(describer: tarfile.TarFile, upper: str, rel: str) -> tarfile.TarIn
     info = describer.gettarinfo(full, arcname=rel)  # lstat: a symlink stays a symlink
     if info is not None:
         info.uname = info.gname = ""  # the sandbox's ids, not this host's names for them
+        if abs(info.mtime) < 1e-4:
+            # tarfile writes a float's PAX mtime as str(): 1e-05, which GNU tar misreads
+            # and the engine's untar refuses (a trial's touch -d @0.00001: status error)
+            info.mtime = 0
     return info
 
 

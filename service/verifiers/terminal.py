@@ -518,8 +518,10 @@ def _replay(
             # /logs/verifier go in last.
             add_tests(t, check.tests_dir, check.extra_files, site_dirs, private_files)
         # nothing but Crucible touched the sandbox, so its own tar may extract a small
-        # archive (sent whole, over the exec channel); a larger one streams to the engine
-        small = buf.tell() <= PRISTINE_TAR_BYTES
+        # archive (sent whole, over the exec channel) when the diff marked type changes
+        # (removed above: GNU tar, unlike the engine, will not put a file over a
+        # directory); a larger one, or an unmarked diff, goes to the engine (trial 25)
+        small = buf.tell() <= PRISTINE_TAR_BYTES and runtime.marks_type_changes(source)
         buf.seek(0)
         try:
             runtime.put_archive(into, "/", buf, pristine_tar=small)

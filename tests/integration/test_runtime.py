@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import docker
 import pytest
 
-from service.errors import InvalidRequest, NotFound
+from service.errors import Conflict, InvalidRequest, NotFound
 from service.runtime.base import ROOT, ExecChunk, ExecRequest, ExecResult
 from service.runtime.docker import SUPERVISOR_MOUNT, DockerRuntime
 from tests.runtimeutil import deployment_of, sandbox_factory
@@ -421,6 +421,30 @@ def test_a_pristine_sandboxs_own_tar_extracts_owners_and_modes_as_the_engine(
     run(docker_runtime, box, "mkdir /x && rm -f $(command -v tar)", user=ROOT)
     docker_runtime.put_archive(box, "/x", archive(), pristine_tar=True)
     assert run(docker_runtime, box, fmt, user=ROOT).stdout == seen[0]
+
+
+def test_a_pristine_tar_failure_is_named_behind_any_warnings(
+    docker_runtime: DockerRuntime, make_sandbox: Callable[..., str]
+) -> None:
+    # Trial 25: a member the filesystem refused, then 40 members dated in the future: only
+    # the last 2 KB of tar's complaints were read, the refusal was not among them, and the
+    # verdict became an error instead of the end state's 0.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        f = tarfile.TarInfo("r/f")
+        f.size = 1
+        tar.addfile(f, io.BytesIO(b"x"))
+        inside = tarfile.TarInfo("r/f/g")  # through a file: Not a directory
+        tar.addfile(inside)
+        for i in range(40):
+            late = tarfile.TarInfo(f"r/late-{i:02d}-{'n' * 60}")
+            late.mtime = 99_999_999_999
+            tar.addfile(late)
+    box = make_sandbox()
+    run(docker_runtime, box, "mkdir /x", user=ROOT)
+    assert docker_runtime.marks_type_changes(box)  # this host reads its layers
+    with pytest.raises(Conflict, match="r/f/g"):
+        docker_runtime.put_archive(box, "/x", buf.getvalue(), pristine_tar=True)
 
 
 def test_archives_reach_tmpfs_mounts(

@@ -218,8 +218,11 @@ def test_a_killed_supervisor_is_verified_from_its_filesystem(stack: Stack) -> No
         # 1,100 nested directories: the host-side walk recursed past Python's limit, the
         # verify answered 500 and the episode stayed verifying, with no record (trial 24)
         "mkdir -p /app/$(printf 'd/%.0s' $(seq 1 1100))",
+        # an mtime of 1e-05 s went into the replay archive as "1e-05", which the engine's
+        # untar (archives over 16 MiB) refused: status error (trial 25)
+        "touch -d @0.00001 /app/output.txt && truncate -s 17M /app/big",
     ],
-    ids=["fifos", "deep-path", "many-files", "non-utf8-name", "deep-tree"],
+    ids=["fifos", "deep-path", "many-files", "non-utf8-name", "deep-tree", "epoch-mtime"],
 )
 def test_unreadable_or_huge_end_states_score_zero(stack: Stack, planted: str) -> None:
     ep = start(stack, "word-frequency-top20")

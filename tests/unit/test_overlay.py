@@ -201,6 +201,24 @@ def test_a_tree_deeper_than_the_recursion_limit_is_read(tmp_path: Path) -> None:
         (os.rmdir if not name.endswith("/f") else os.unlink)(upper / name)
 
 
+def test_an_mtime_next_to_the_epoch_is_written_without_an_exponent(tmp_path: Path) -> None:
+    # Trial 25: touch -d @0.00001 gave a PAX mtime of "1e-05", which the engine's untar
+    # refused (status error) and GNU tar read as 1 s.
+    import io
+
+    upper = tmp_path / "upper"
+    (upper / "app").mkdir(parents=True)
+    (upper / "app" / "f").write_text("x")
+    os.utime(upper / "app" / "f", (1e-05, 1e-05))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for info, f in overlay.entries(str(upper), ["/app/f"]):
+            t.addfile(info, f)
+    assert b"e-05" not in buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as t:
+        assert t.getmember("app/f").mtime == 0
+
+
 def test_a_path_that_changes_while_a_frozen_end_state_is_read_is_the_end_states() -> None:
     # A fourth trial: a write accepted before the verifier took the sandbox landed while
     # its changes were read (an ancestor became a file): an error record before, a 0 now.
