@@ -147,7 +147,7 @@ def _navigate(browser: webdriver.Chrome, element_id: str) -> None:
     """Click ``element_id`` (a link or submit button) and wait for the next page."""
     old = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(By.ID, element_id).click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(old))
+    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(old))
 
 
 def _console_errors(browser: webdriver.Chrome) -> list[str]:
