@@ -106,21 +106,17 @@ class ChainCheck:
     reason: str | None
 
 
-def iter_events(db: Database, *, batch: int = 1000) -> Iterator[AuditEvent]:
-    """Every event in ``seq`` order, read in batches."""
+def iter_events(
+    db: Database, *, batch: int = 1000, upto: int | None = None
+) -> Iterator[AuditEvent]:
+    """Every event in ``seq`` order (up to ``upto`` when given), read in batches."""
     last = 0
     while True:
+        query = select(AuditEvent).where(AuditEvent.seq > last)
+        if upto is not None:
+            query = query.where(AuditEvent.seq <= upto)
         with db.session() as s:
-            rows = (
-                s.execute(
-                    select(AuditEvent)
-                    .where(AuditEvent.seq > last)
-                    .order_by(AuditEvent.seq)
-                    .limit(batch)
-                )
-                .scalars()
-                .all()
-            )
+            rows = s.execute(query.order_by(AuditEvent.seq).limit(batch)).scalars().all()
         if not rows:
             return
         yield from rows
@@ -128,9 +124,21 @@ def iter_events(db: Database, *, batch: int = 1000) -> Iterator[AuditEvent]:
 
 
 def verify_chain(db: Database) -> ChainCheck:
-    """Recompute every hash; name the first event whose hash, link or sequence is wrong."""
+    """Recompute every hash up to the chain's head as it stood when the check began; name
+    the first event whose hash, link or sequence is wrong.
+
+    The head is read first and the events up to it after: the head moves in the same
+    transaction as each append, so every event it counts is committed, and events appended
+    meanwhile lie beyond it. (The head read last made a busy server's chain look
+    truncated: "events after the last stored one were deleted", on the dashboard of a CI
+    run whose warm pools were filling.)
+    """
+    with db.session() as s:
+        head = s.get(AuditChain, 1)
+        upto = head.seq if head is not None else None
+        head_hash = head.last_hash if head is not None else None
     prev_hash, expected_seq, n = GENESIS_HASH, 1, 0
-    for ev in iter_events(db):
+    for ev in iter_events(db, upto=upto):
         n += 1
         if ev.seq != expected_seq:
             return ChainCheck(n, ev.seq, f"sequence gap: expected {expected_seq}, found {ev.seq}")
@@ -139,8 +147,6 @@ def verify_chain(db: Database) -> ChainCheck:
         if canonical_hash(ev.prev_hash, _fields(ev)) != ev.hash:
             return ChainCheck(n, ev.seq, "hash does not match the event's contents")
         prev_hash, expected_seq = ev.hash, expected_seq + 1
-    with db.session() as s:
-        head = s.get(AuditChain, 1)
-    if head is not None and (head.seq != expected_seq - 1 or head.last_hash != prev_hash):
+    if upto is not None and (upto != expected_seq - 1 or head_hash != prev_hash):
         return ChainCheck(n, expected_seq, "events after the last stored one were deleted")
     return ChainCheck(n, None, None)

@@ -67,3 +67,23 @@ def test_unicode_and_nested_details_round_trip(db: Database) -> None:
     with db.session() as s:
         audit.record(s, "test.event", details={"cmd": "echo 'héllo' ✓", "n": [1, {"a": None}]})
     assert audit.verify_chain(db).first_broken_seq is None
+
+
+def test_events_appended_while_it_verifies_are_not_a_truncation(
+    db: Database, monkeypatch
+) -> None:
+    # A CI run's dashboard showed "events after the last stored one were deleted" while
+    # its warm pools were appending: the head was read after the events, and had moved.
+    # Here an append lands right after the last event was read, the worst moment.
+    _append(db, 3)
+    reads = audit.iter_events
+
+    def then_append(*args: object, **kwargs: object):
+        yield from reads(*args, **kwargs)
+        _append(db, 1, late=True)
+
+    monkeypatch.setattr(audit, "iter_events", then_append)
+    check = audit.verify_chain(db)
+    assert (check.events_checked, check.first_broken_seq) == (3, None), check
+    monkeypatch.undo()
+    assert audit.verify_chain(db) == audit.ChainCheck(4, None, None)
