@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -147,7 +147,11 @@ def _navigate(browser: webdriver.Chrome, element_id: str) -> None:
     """Click ``element_id`` (a link or submit button) and wait for the next page."""
     old = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(By.ID, element_id).click()
-    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(old))
+    # chromedriver may answer the staleness probe of a node mid-navigation with "Node with
+    # given id does not belong to the document" (a CI run failed on it): probe again
+    WebDriverWait(browser, 30, ignored_exceptions=(WebDriverException,)).until(
+        expected_conditions.staleness_of(old)
+    )
 
 
 def _console_errors(browser: webdriver.Chrome) -> list[str]:
