@@ -55,7 +55,7 @@ class FairSlots:
     def held(self) -> dict[str, int]:
         """Slots held now, by tenant."""
         with self._cond:
-            return {t: n for t, n in self._held.items() if n}
+            return dict(self._held)
 
     def _admissible(self) -> int | None:
         if sum(self._held.values()) >= self.total:
@@ -88,4 +88,6 @@ class FairSlots:
         finally:
             with self._cond:
                 self._held[tenant] -= 1
+                if self._held[tenant] <= 0:
+                    del self._held[tenant]  # no entry per tenant that ever verified
                 self._cond.notify_all()
