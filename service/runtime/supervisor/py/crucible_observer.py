@@ -462,10 +462,21 @@ def leftover_mark():  # noqa: ANN201
         last = max((int(e) for e in os.listdir("/proc") if e.isdigit()), default=0)
     try:
         with open("/proc/uptime") as f:
-            ticks = int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+            ticks = uptime_ticks(f.read(), os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         ticks = 0
     return last, ticks
+
+
+def uptime_ticks(text: str, hz: int) -> int:
+    """``/proc/uptime``'s first field (seconds since boot, two decimals) in clock ticks at
+    ``hz``, computed exactly, rounded down as the kernel rounds a process's start time.
+    Through a float, ``1024.09 * 100`` is ``1024.0899...``: one tick short in about one
+    value of eight, which made a process started in the mark's own tick look later than
+    the mark (CI: a fixture's server ended with the test's call)."""
+    seconds, _, fraction = text.split()[0].partition(".")
+    digits = len(fraction)
+    return (int(seconds) * 10**digits + int(fraction or "0")) * hz // 10**digits
 
 
 def end_leftovers(mark=None) -> int:  # noqa: ANN001
