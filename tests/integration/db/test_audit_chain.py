@@ -69,9 +69,7 @@ def test_unicode_and_nested_details_round_trip(db: Database) -> None:
     assert audit.verify_chain(db).first_broken_seq is None
 
 
-def test_events_appended_while_it_verifies_are_not_a_truncation(
-    db: Database, monkeypatch
-) -> None:
+def test_events_appended_while_it_verifies_are_not_a_truncation(db: Database, monkeypatch) -> None:
     # A CI run's dashboard showed "events after the last stored one were deleted" while
     # its warm pools were appending: the head was read after the events, and had moved.
     # Here an append lands right after the last event was read, the worst moment.
