@@ -65,8 +65,14 @@ _BRACKETED_PASTE_OFF = b"\x1b[?2004l\r"  # readline accepted the line (bash >= 5
 # the prompt after a flood shows); what lies between, or past the budget, is not rendered
 # and is counted in the read's ``dropped``. The budget is checked between pyte's events, so
 # each half can overrun by one event, which touches at most rows * cols cells (~5 ms at
-# 80x24, ~2 s at the largest screen, 1000x1000, which the caller chose).
+# 80x24, ~0.25 s at the largest screen the caller may choose: ``MAX_SCREEN_CELLS``).
 FEED_BUDGET_S = 1.0
+# A terminal's size: each side 1..1000, and at most this many cells. One full-screen
+# event (DECALN, an erase) costs pyte 4 to 8 us a cell on a loaded 2-core host: 1000x1000
+# was 2 to 6 s per event, past any budget; 32,768 cells (128x256, 100x327; Terminus uses
+# 160x40) is ~0.15 to 0.25 s.
+MAX_SCREEN_SIDE = 1000
+MAX_SCREEN_CELLS = 32768
 FEED_CHUNK_BYTES = 512  # fed per call to pyte (the budget is also checked between chunks)
 TAIL_MIN_BYTES = 256  # the newest bytes fed once the budget's first half is spent
 TAIL_MAX_BYTES = 64 * 1024
@@ -216,6 +222,23 @@ def _is_bash(shell: str) -> bool:
     return Path(shell).name == "bash"
 
 
+
+def check_size(rows: int, cols: int) -> None:
+    """Refuse a terminal size the emulator cannot render within its budget.
+
+    Raises:
+        InvalidRequest: a side outside 1..``MAX_SCREEN_SIDE`` (field ``rows`` or ``cols``),
+            or ``rows * cols`` over ``MAX_SCREEN_CELLS`` (field ``cols``).
+    """
+    for name, value in (("rows", rows), ("cols", cols)):
+        if not 1 <= value <= MAX_SCREEN_SIDE:
+            raise InvalidRequest(f"{name} must be 1..{MAX_SCREEN_SIDE}", field=name)
+    if rows * cols > MAX_SCREEN_CELLS:
+        raise InvalidRequest(
+            f"rows x cols is {rows * cols} cells; at most {MAX_SCREEN_CELLS} (e.g. 128x256)",
+            field="cols",
+        )
+
 def create(
     ctx: ServiceContext,
     principal: Principal,
@@ -237,8 +260,7 @@ def create(
     Raises ``InvalidRequest`` (sizes, cwd, env), ``Conflict`` (no exec channel,
     sandbox not leased, shell never prompted), ``NotFound``, ``Forbidden`` (``user``).
     """
-    if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
-        raise InvalidRequest("rows and cols must be 1..1000", field="rows")
+    check_size(rows, cols)
     if not shell.startswith("/") or "\0" in shell:
         raise InvalidRequest("shell must be an absolute path", field="shell")
     cap = ctx.settings.default_max_output_bytes if max_output_bytes is None else max_output_bytes
@@ -531,8 +553,7 @@ def resize(
     cols: int,
 ) -> None:
     """Resize the terminal (and the emulator). ``Conflict`` for a session without a pty."""
-    if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
-        raise InvalidRequest("rows and cols must be 1..1000", field="rows")
+    check_size(rows, cols)
     sess = get(ctx, principal, sandbox_id, session_id)
     row = get_live(ctx, principal, sandbox_id)
     keeper.resize(ctx.runtime, row.container_id, sess.handle, rows, cols)

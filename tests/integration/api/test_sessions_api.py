@@ -325,3 +325,21 @@ def test_a_decaln_flood_costs_a_screen_read_seconds_not_minutes(stack: Stack, si
     keys(c, sid, ses, text="echo a''gain", keys=["Enter"])
     screen_until(c, sid, ses, "again")
     assert time.monotonic() - t0 < 10
+
+
+def test_a_screen_the_emulator_cannot_render_in_budget_is_refused(stack: Stack, sid: str) -> None:
+    """One DECALN at 1000x1000 cost pyte 2 to 6 s of one server thread; a size over
+    ``MAX_SCREEN_CELLS`` is a 400 naming the field, at start and at resize, and nothing
+    changes: no session starts, the session keeps its size."""
+    c = stack.alice
+    before = c.get(f"/v1/sandboxes/{sid}/sessions").json()
+    r = c.post(f"/v1/sandboxes/{sid}/sessions", json={"rows": 1000, "cols": 1000})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/problem+json"
+    assert r.json()["field"] == "cols" and "32768" in r.json()["detail"], r.json()
+    assert c.get(f"/v1/sandboxes/{sid}/sessions").json() == before
+    ses = session(c, sid, rows=128, cols=256)  # exactly the most cells allowed
+    assert (ses["rows"], ses["cols"]) == (128, 256)
+    r = c.post(f"/v1/sandboxes/{sid}/sessions/{ses['id']}/resize", json={"rows": 200, "cols": 200})
+    assert r.status_code == 400 and r.json()["field"] == "cols", r.text
+    view = screen(c, sid, ses["id"])
+    assert len(view["display"]) == 128  # the size it kept
