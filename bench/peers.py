@@ -1,6 +1,6 @@
 """Crucible against its peers, measured in one run on this machine, with ratios Crucible/peer.
 
-    .venv/bin/python bench/peers.py [--n 100] [--quick] [--json] [--skip-swerex|rock|harbor]
+    .venv/bin/python bench/peers.py [--n 100] [--quick] [--json] [--json-file F] [--skip-...]
 
 Measured in the same run (a real ``crucible serve``, embedded SQLite, the exec channel):
 - one-shot exec p50/p99: ``POST /v1/sandboxes/{id}/exec`` of ``echo hi`` (auth and a durable
@@ -15,8 +15,10 @@ Each peer lives in its own environment and reports what it took (install, start)
 why it did not run, as its row's status; a peer's failure never stops the bench:
 - SWE-ReX: its own venv (``build/peers-venv``), its server in an image built FROM our local
   base image (no registry here; PyPI through the host's CA bundle);
-- ROCK (``rl-rock``, ``bench/peer_rock.py``): its own venv; its Docker deployment always asks
-  for ``--privileged``, which this engine refuses: the engine's message is the status;
+- ROCK (``rl-rock``, ``bench/peer_rock.py``): its own venv, its rocklet mounted from the host
+  (its ``local`` worker env); its Docker deployment always asks for ``--privileged``, which
+  this engine refuses, so it is started again with every capability the engine grants
+  instead, and the status says so with the engine's message; one-shot and session timed;
 - Harbor (``harbor``, ``bench/peer_harbor.py``): needs Python >= 3.12 and compose v2, so it
   runs in a Debian 13 rootfs (debootstrap, ``docker-compose`` 2.26) entered with chroot; its
   environment is built FROM our local base image and its one-shot ``exec`` is timed.
@@ -321,7 +323,9 @@ def _peer_status(name: str, got: dict[str, Any]) -> str:
         return (
             f"{name}: not measured ({took}): {got['error']}" if took else f"{name}: {got['error']}"
         )
-    return f"{name}: measured ({took})"
+    notes = [got["note"]] if "note" in got else []
+    notes += [f"{k} {got[k]}" for k in ("session_error", "stop_error") if k in got]
+    return f"{name}: measured ({took})" + "".join(f"; {x}" for x in notes)
 
 
 def main() -> None:
@@ -334,6 +338,9 @@ def main() -> None:
     ap.add_argument("--skip-rock", action="store_true")
     ap.add_argument("--skip-harbor", action="store_true")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument(
+        "--json-file", type=Path, help="also write the JSON here (the table and it: one run)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.n, args.burst, args.seconds = 30, 32, 3.0
@@ -347,7 +354,11 @@ def main() -> None:
     )
     with serve(targets) as srv:
         with srv.client() as c:
-            base_image = c.get("/v1/templates").json()[0]["image"]
+            # The image Crucible's own sandboxes run here ("terminal"), so every peer execs in
+            # the same image (the first template listed is not necessarily that one).
+            base_image = next(
+                t["image"] for t in c.get("/v1/templates").json() if t["name"] == "terminal"
+            )
         # Exec first: after the burst the pool refills ``burst`` sandboxes, which loads the
         # host for a minute or more.
         base = crucible_and_docker(srv, args.n, console)
@@ -380,6 +391,9 @@ def main() -> None:
             ratios[f"one_shot_p50_vs_{key}"] = _ratio(ce.p50, got["one_shot"].p50)
             ratios[f"one_shot_p99_vs_{key}"] = _ratio(ce.p99, got["one_shot"].p99)
             series.append(got["one_shot"])
+        if "session" in got:
+            ratios[f"session_p50_vs_{key}"] = _ratio(cs.p50, got["session"].p50)
+            series.append(got["session"])
     statuses = {
         "SWE-ReX (swe-rex)": _peer_status("SWE-ReX (swe-rex)", peer),
         "ROCK (rl-rock)": _peer_status("ROCK (rl-rock)", rk),
@@ -403,6 +417,8 @@ def main() -> None:
         },
         "peer_status": statuses,
     }
+    if args.json_file:
+        args.json_file.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
         return
