@@ -352,6 +352,8 @@ def main() -> None:
         CRUCIBLE_DEFAULT_QUOTA_CPUS=str(room * 4),
         CRUCIBLE_DEFAULT_QUOTA_MEMORY_MB=str(room * 4096),
     )
+    # The host is shared: its load average (1, 5, 15 min) as each phase began, with the figures.
+    load: dict[str, tuple[float, float, float]] = {}
     with serve(targets) as srv:
         with srv.client() as c:
             # The image Crucible's own sandboxes run here ("terminal"), so every peer execs in
@@ -361,16 +363,23 @@ def main() -> None:
             )
         # Exec first: after the burst the pool refills ``burst`` sandboxes, which loads the
         # host for a minute or more.
+        load["exec"] = os.getloadavg()
         base = crucible_and_docker(srv, args.n, console)
+        load["throughput_32"] = os.getloadavg()
         tput = concurrent32(srv, console, args.seconds)
+        load["leases"] = os.getloadavg()
         lease = leases(srv, args.n, args.burst, console)
     # Peers after Crucible's control plane is gone, one at a time, so none loads another.
     skipped = {"error": "skipped"}
+    load["swerex"] = os.getloadavg()
     peer = skipped if args.skip_swerex else swerex(base_image, args.n, console)
+    load["rock"] = os.getloadavg()
     with console.status("ROCK: venv, then one sandbox through its Docker deployment"):
         rk = skipped if args.skip_rock else rock(base_image, args.n)
+    load["harbor"] = os.getloadavg()
     with console.status("Harbor: trixie rootfs (first run), then its Docker environment"):
         hb = skipped if args.skip_harbor else harbor(base_image, args.n)
+    load["end"] = os.getloadavg()
 
     ce, de, cs = base["crucible_exec"], base["docker_exec"], base["crucible_session"]
     ratios: dict[str, Any] = {
@@ -416,6 +425,7 @@ def main() -> None:
             for name, got in (("swerex", peer), ("rock", rk), ("harbor", hb))
         },
         "peer_status": statuses,
+        "loadavg_at_phase_start": {k: [round(x, 2) for x in v] for k, v in load.items()},
     }
     if args.json_file:
         args.json_file.write_text(json.dumps(result, indent=2) + "\n")
@@ -442,6 +452,11 @@ def main() -> None:
         console.print(f"{'meets' if ok else 'misses'} {k}")
     for line in statuses.values():
         console.print(line, soft_wrap=True)
+    console.print(
+        "load average (1, 5, 15 min) as each phase began: "
+        + "; ".join(f"{k} {' '.join(f'{x:.2f}' for x in v)}" for k, v in load.items()),
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":
