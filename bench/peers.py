@@ -277,6 +277,11 @@ def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
                 text=True,
             )
         setup_s = time.monotonic() - t0
+        version = subprocess.run(
+            [str(py), "-c", "import importlib.metadata as m; print(m.version('swe-rex'))"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         ctr = engine.containers.run(
             SWEREX_IMAGE,
             ["/opt/swerex/bin/swerex-remote", "--port", "8000", "--auth-token", "bench"],
@@ -301,6 +306,7 @@ def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
         return {
             "one_shot": Series("SWE-ReX execute", got["one_shot"]),
             "session": Series("SWE-ReX run_in_session", got["session"]),
+            "version": version,
             "setup_s": round(setup_s, 1),
         }
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
