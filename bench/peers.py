@@ -1,6 +1,6 @@
 """Crucible against its peers, measured in one run on this machine, with ratios Crucible/peer.
 
-    .venv/bin/python bench/peers.py [--n 100] [--quick] [--json] [--skip-swerex|rock|harbor]
+    .venv/bin/python bench/peers.py [--n 100] [--quick] [--json] [--json-file F] [--skip-...]
 
 Measured in the same run (a real ``crucible serve``, embedded SQLite, the exec channel):
 - one-shot exec p50/p99: ``POST /v1/sandboxes/{id}/exec`` of ``echo hi`` (auth and a durable
@@ -15,8 +15,10 @@ Each peer lives in its own environment and reports what it took (install, start)
 why it did not run, as its row's status; a peer's failure never stops the bench:
 - SWE-ReX: its own venv (``build/peers-venv``), its server in an image built FROM our local
   base image (no registry here; PyPI through the host's CA bundle);
-- ROCK (``rl-rock``, ``bench/peer_rock.py``): its own venv; its Docker deployment always asks
-  for ``--privileged``, which this engine refuses: the engine's message is the status;
+- ROCK (``rl-rock``, ``bench/peer_rock.py``): its own venv, its rocklet mounted from the host
+  (its ``local`` worker env); its Docker deployment always asks for ``--privileged``, which
+  this engine refuses, so it is started again with every capability the engine grants
+  instead, and the status says so with the engine's message; one-shot and session timed;
 - Harbor (``harbor``, ``bench/peer_harbor.py``): needs Python >= 3.12 and compose v2, so it
   runs in a Debian 13 rootfs (debootstrap, ``docker-compose`` 2.26) entered with chroot; its
   environment is built FROM our local base image and its one-shot ``exec`` is timed.
@@ -275,6 +277,11 @@ def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
                 text=True,
             )
         setup_s = time.monotonic() - t0
+        version = subprocess.run(
+            [str(py), "-c", "import importlib.metadata as m; print(m.version('swe-rex'))"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         ctr = engine.containers.run(
             SWEREX_IMAGE,
             ["/opt/swerex/bin/swerex-remote", "--port", "8000", "--auth-token", "bench"],
@@ -299,6 +306,7 @@ def swerex(base_image: str, n: int, console: Console) -> dict[str, Any]:
         return {
             "one_shot": Series("SWE-ReX execute", got["one_shot"]),
             "session": Series("SWE-ReX run_in_session", got["session"]),
+            "version": version,
             "setup_s": round(setup_s, 1),
         }
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
@@ -321,7 +329,9 @@ def _peer_status(name: str, got: dict[str, Any]) -> str:
         return (
             f"{name}: not measured ({took}): {got['error']}" if took else f"{name}: {got['error']}"
         )
-    return f"{name}: measured ({took})"
+    notes = [got["note"]] if "note" in got else []
+    notes += [f"{k} {got[k]}" for k in ("session_error", "stop_error") if k in got]
+    return f"{name}: measured ({took})" + "".join(f"; {x}" for x in notes)
 
 
 def main() -> None:
@@ -334,6 +344,9 @@ def main() -> None:
     ap.add_argument("--skip-rock", action="store_true")
     ap.add_argument("--skip-harbor", action="store_true")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument(
+        "--json-file", type=Path, help="also write the JSON here (the table and it: one run)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.n, args.burst, args.seconds = 30, 32, 3.0
@@ -345,21 +358,34 @@ def main() -> None:
         CRUCIBLE_DEFAULT_QUOTA_CPUS=str(room * 4),
         CRUCIBLE_DEFAULT_QUOTA_MEMORY_MB=str(room * 4096),
     )
+    # The host is shared: its load average (1, 5, 15 min) as each phase began, with the figures.
+    load: dict[str, tuple[float, float, float]] = {}
     with serve(targets) as srv:
         with srv.client() as c:
-            base_image = c.get("/v1/templates").json()[0]["image"]
+            # The image Crucible's own sandboxes run here ("terminal"), so every peer execs in
+            # the same image (the first template listed is not necessarily that one).
+            base_image = next(
+                t["image"] for t in c.get("/v1/templates").json() if t["name"] == "terminal"
+            )
         # Exec first: after the burst the pool refills ``burst`` sandboxes, which loads the
         # host for a minute or more.
+        load["exec"] = os.getloadavg()
         base = crucible_and_docker(srv, args.n, console)
+        load["throughput_32"] = os.getloadavg()
         tput = concurrent32(srv, console, args.seconds)
+        load["leases"] = os.getloadavg()
         lease = leases(srv, args.n, args.burst, console)
     # Peers after Crucible's control plane is gone, one at a time, so none loads another.
     skipped = {"error": "skipped"}
+    load["swerex"] = os.getloadavg()
     peer = skipped if args.skip_swerex else swerex(base_image, args.n, console)
+    load["rock"] = os.getloadavg()
     with console.status("ROCK: venv, then one sandbox through its Docker deployment"):
         rk = skipped if args.skip_rock else rock(base_image, args.n)
+    load["harbor"] = os.getloadavg()
     with console.status("Harbor: trixie rootfs (first run), then its Docker environment"):
         hb = skipped if args.skip_harbor else harbor(base_image, args.n)
+    load["end"] = os.getloadavg()
 
     ce, de, cs = base["crucible_exec"], base["docker_exec"], base["crucible_session"]
     ratios: dict[str, Any] = {
@@ -380,6 +406,9 @@ def main() -> None:
             ratios[f"one_shot_p50_vs_{key}"] = _ratio(ce.p50, got["one_shot"].p50)
             ratios[f"one_shot_p99_vs_{key}"] = _ratio(ce.p99, got["one_shot"].p99)
             series.append(got["one_shot"])
+        if "session" in got:
+            ratios[f"session_p50_vs_{key}"] = _ratio(cs.p50, got["session"].p50)
+            series.append(got["session"])
     statuses = {
         "SWE-ReX (swe-rex)": _peer_status("SWE-ReX (swe-rex)", peer),
         "ROCK (rl-rock)": _peer_status("ROCK (rl-rock)", rk),
@@ -402,7 +431,10 @@ def main() -> None:
             for name, got in (("swerex", peer), ("rock", rk), ("harbor", hb))
         },
         "peer_status": statuses,
+        "loadavg_at_phase_start": {k: [round(x, 2) for x in v] for k, v in load.items()},
     }
+    if args.json_file:
+        args.json_file.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -426,6 +458,11 @@ def main() -> None:
         console.print(f"{'meets' if ok else 'misses'} {k}")
     for line in statuses.values():
         console.print(line, soft_wrap=True)
+    console.print(
+        "load average (1, 5, 15 min) as each phase began: "
+        + "; ".join(f"{k} {' '.join(f'{x:.2f}' for x in v)}" for k, v in load.items()),
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":

@@ -48,3 +48,9 @@ def test_peer_status_says_what_it_took_or_why_not() -> None:
         "ROCK: not measured (version 1.11.0, setup_s 6.2): unable to apply caps"
     )
     assert peers._peer_status("SWE-ReX", {"error": "skipped"}) == "SWE-ReX: skipped"
+    shimmed = {"version": "1.11.0", "start_s": 0.9, "note": "--privileged replaced: refused"}
+    shimmed["session_error"] = "HTTPError: 500"
+    assert peers._peer_status("ROCK", shimmed) == (
+        "ROCK: measured (version 1.11.0, start_s 0.9); --privileged replaced: refused;"
+        " session_error HTTPError: 500"
+    )
