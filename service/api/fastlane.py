@@ -7,8 +7,9 @@ handling, and each middleware's ``send`` wrapper. ``ExecLane`` is a pure ASGI mi
 outermost of the app's own, that recognises a request it fully understands and serves it
 in one place; anything else goes on, untouched, to the full stack (the reference):
 
-- served: ``POST /v1/sandboxes/<id>/exec`` with no query string and no ``root_path``;
-  tracing off; ``Settings.exec_fast_lane`` on; exactly one ``Content-Length`` (at most
+- served: ``POST /v1/sandboxes/<id>/exec`` with no query string and no ``root_path`` (a
+  route ``Idempotency-Key`` does not cover: exec is not keyed); tracing off;
+  ``Settings.exec_fast_lane`` on; exactly one ``Content-Length`` (at most
   ``max_body_bytes``), one ``Content-Type`` of ``application/json`` (optionally
   ``; charset=utf-8``), at most one ``Authorization`` and ``X-Request-ID``; a UTF-8 body
   within ``max_json_depth`` that ``json.loads`` reads and ``ExecIn`` accepts (as FastAPI
@@ -41,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import logs, tracing
+from service import idempotency, logs, tracing
 from service.api.limits import json_depth_exceeds
 from service.api.problems import crucible_error_response
 from service.api.sandboxes import exec_json
@@ -85,6 +86,7 @@ class ExecLane:
             or scope.get("root_path")
             or tracing.enabled()
             or (match := _PATH.fullmatch(scope["path"])) is None
+            or idempotency.keyed("POST", scope["path"])  # were exec ever keyed
         ):
             await self.app(scope, receive, send)
             return
