@@ -11,12 +11,16 @@ every other one on.
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from service import audit, tenants
 from service.api import fastlane
@@ -319,3 +323,75 @@ def test_an_unexpected_error_is_the_same_500(
     )
     assert served == 1 and fast.status_code == 500, fast.text
     _same_answer(fast, full)
+
+
+def test_the_lane_answers_only_once_the_event_is_durable(lane: Stack, sid: str) -> None:
+    commits = lane.ctx.commits
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(_s: Session) -> None:
+        entered.set()
+        release.wait(60)
+
+    served = fastlane.stats.served
+    seq = _head(lane)
+    held = commits.submit(hold)  # the writer thread is busy: no commit can happen
+    assert entered.wait(30)
+    answer: list[httpx.Response] = []
+    key = lane.alice.headers["authorization"].split()[1]
+    t = threading.Thread(
+        target=lambda: answer.append(
+            lane.make_client(key).post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo held"})
+        )
+    )
+    t.start()
+    try:
+        lane.wait_for(lambda: commits.pending >= 1, timeout_s=60)  # the command ran
+        time.sleep(0.2)
+        assert answer == []  # no answer while its event is not durable
+    finally:
+        release.set()
+    held.result(30)
+    t.join(60)
+    assert answer[0].status_code == 200 and answer[0].json()["stdout"] == "held\n"
+    assert fastlane.stats.served == served + 1
+    events = _events(lane, seq, "sandbox.exec")
+    assert [e.details["cmd"] for e in events] == ["echo held"]
+
+
+def test_repeated_headers_and_other_json_spellings_go_to_the_full_stack(
+    lane: Stack, sid: str
+) -> None:
+    key = lane.alice.headers["authorization"].split()[1]
+    body = b'{"cmd": "echo x"}'
+    for headers in (
+        [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}")],
+        [("Content-Type", "application/json;charset=utf-8")],
+        [("X-Request-ID", "a"), ("X-Request-ID", "b")],
+    ):
+        passed = fastlane.stats.passed
+        with httpx.Client(base_url=lane.url) as c:
+            base = [("Authorization", f"Bearer {key}"), ("Content-Type", "application/json")]
+            names = {h[0] for h in headers}
+            r = c.post(
+                f"/v1/sandboxes/{sid}/exec",
+                content=body,
+                headers=[h for h in base if h[0] not in names] + headers,
+            )
+        assert fastlane.stats.passed == passed + 1, headers
+        assert r.status_code == 200, r.text  # the full stack reads the first copy
+
+
+def test_an_implausible_request_id_is_replaced_both_ways(
+    lane: Stack, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, full, served = _both(
+        lane,
+        monkeypatch,
+        lambda rid: _post(
+            lane.alice, f"/v1/sandboxes/{sid}/exec", "bad id " + rid, json={"cmd": "true"}
+        ),
+    )
+    assert served == 1
+    for r in (fast, full):
+        assert re.fullmatch(r"[0-9a-f]{16}", r.headers["x-request-id"]), r.headers
