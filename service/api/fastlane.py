@@ -108,14 +108,15 @@ class ExecLane:
             or headers.get(b"content-type", b"").lower() not in _JSON
         ):
             return await self._pass(scope, receive, send)
-        body = b""
+        chunks = bytearray()  # at most the declared length: uvicorn delivers no more
         while True:
             message = await receive()
             if message["type"] != "http.request":  # a disconnect: the full stack's answer
-                return await self._pass(scope, _replay(body, receive, more=True), send)
-            body += message.get("body", b"")
+                return await self._pass(scope, _replay(bytes(chunks), receive, more=True), send)
+            chunks += message.get("body", b"")
             if not message.get("more_body", False):
                 break
+        body = bytes(chunks)
         replay = _replay(body, receive, more=False)
         try:
             body.decode("utf-8")

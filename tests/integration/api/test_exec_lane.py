@@ -395,3 +395,23 @@ def test_an_implausible_request_id_is_replaced_both_ways(
     assert served == 1
     for r in (fast, full):
         assert re.fullmatch(r"[0-9a-f]{16}", r.headers["x-request-id"]), r.headers
+
+
+def test_a_chunked_body_goes_to_the_full_stack(
+    lane: Stack, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def chunked(rid: str) -> httpx.Response:
+        parts = iter([b'{"cmd": ', b'"echo chunked"}'])  # no Content-Length: chunked
+        return _post(
+            lane.alice,
+            f"/v1/sandboxes/{sid}/exec",
+            rid,
+            content=parts,
+            headers={"Content-Type": "application/json"},
+        )
+
+    passed = fastlane.stats.passed
+    fast, full, served = _both(lane, monkeypatch, chunked)
+    assert served == 0 and fastlane.stats.passed == passed + 1
+    assert fast.status_code == 200 and fast.json()["stdout"] == "chunked\n", fast.text
+    _same_answer(fast, full, result=True)
