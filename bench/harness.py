@@ -91,14 +91,19 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(pool_targets: str = '{"terminal": 2}', *args: str) -> Iterator[Served]:
-    """Start ``crucible serve`` (with ``args`` added) on a temp SQLite file with a unique
-    deployment; stop and clean its containers afterwards."""
+def serve(
+    pool_targets: str = '{"terminal": 2}', *args: str, env: dict[str, str] | None = None
+) -> Iterator[Served]:
+    """Start ``crucible serve`` (with ``args`` added, ``env`` over this process's
+    environment) on a temp SQLite file with a unique deployment; stop and clean its
+    containers afterwards."""
+    extra = env or {}
     tmp = tempfile.mkdtemp(prefix="crucible-bench-")
     deployment = f"bench-{secrets.token_hex(4)}"
     port = _free_port()
     env = {
         **os.environ,
+        **extra,
         "CRUCIBLE_DATA_DIR": tmp,
         "CRUCIBLE_DEPLOYMENT": deployment,
         "CRUCIBLE_POOL_TARGETS": pool_targets,

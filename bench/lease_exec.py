@@ -10,12 +10,19 @@ Measures, on a real ``crucible serve`` (embedded SQLite, local engine):
   (docker SDK ``exec_create`` + ``exec_start``) of ``sh -c 'echo hi'`` in the same container,
   through two clients: httpx (what the SDK uses) and the standard library's
   ``http.client`` on a kept-alive connection (a lean client: the server's own time plus
-  ~0.2 ms), in alternating blocks of 25;
+  ~0.2 ms), in alternating blocks of 25; the same two clients against a second server in
+  the same run with the exec lane off (``CRUCIBLE_EXEC_FAST_LANE=false``: every exec through
+  routing, dependencies and the middlewares, as before the lane), the lane's baseline;
+- the server's CPU time (all threads) per exec, lane against full stack (less distorted by a
+  shared host's load than wall time);
+- session command: ``POST /v1/sandboxes/{id}/sessions/{sid}/run`` of ``echo hi`` through
+  ``http.client``, in the same alternating blocks;
 - lease burst: ``--burst`` concurrent ``POST /v1/sandboxes`` (a GRPO step's groups arriving
   at once), with the pool sized from demand first (target = the burst, all warm before the
   burst starts); 0 skips it.
-Targets (issue 15.5): exec p50 <= 4 ms and p99 <= 15 ms, warm lease p50 <= 10 ms, a burst of
-128 leases p99 <= 100 ms. The load average is printed: the machine is shared.
+Targets (issue 15.5): exec p50 <= 4 ms and p99 <= 15 ms, session command p50 <= 6 ms, warm
+lease p50 <= 10 ms, a burst of 128 leases p99 <= 100 ms. The load average is printed: the
+machine is shared.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -37,6 +46,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Series, Served, report, serve, timed  # noqa: E402
+from server_stack import cpu_s  # noqa: E402
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -61,6 +71,47 @@ async def _request(
         if name.strip().lower() == b"content-length":
             length = int(value)
     return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
+
+
+def _exec_clients(
+    srv: Served, c: httpx.Client, sandbox_id: str
+) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """One ``echo hi`` exec on ``sandbox_id`` through httpx (``c``) and through a kept-alive
+    ``http.client`` connection, and a function that closes that connection."""
+    url = urlparse(srv.url)
+    path = f"/v1/sandboxes/{sandbox_id}/exec"
+
+    def rest_exec() -> None:
+        r = c.post(path, json={"cmd": "echo hi"})
+        assert r.json()["stdout"] == "hi\n", r.text
+
+    lean = http.client.HTTPConnection(url.hostname, url.port)
+    body = json.dumps({"cmd": "echo hi"})
+    head = {"Authorization": f"Bearer {srv.key}", "Content-Type": "application/json"}
+
+    def lean_exec() -> None:
+        lean.request("POST", path, body, head)
+        r = lean.getresponse()
+        assert json.loads(r.read())["stdout"] == "hi\n"
+
+    return rest_exec, lean_exec, lean.close
+
+
+def _session_client(srv: Served, sandbox_id: str, session_id: str) -> Callable[[], None]:
+    """One ``echo hi`` session command over its own kept-alive ``http.client`` connection."""
+    url = urlparse(srv.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port)
+    path = f"/v1/sandboxes/{sandbox_id}/sessions/{session_id}/run"
+    body = json.dumps({"command": "echo hi"})
+    head = {"Authorization": f"Bearer {srv.key}", "Content-Type": "application/json"}
+
+    def run() -> None:
+        conn.request("POST", path, body, head)
+        r = conn.getresponse()
+        out = json.loads(r.read())
+        assert r.status == 200 and out["output"].strip() == "hi", out
+
+    return run
 
 
 def burst(srv: Served, c: httpx.Client, n: int, console: Console) -> Series:
@@ -123,7 +174,7 @@ def main() -> None:
     os.environ.setdefault("CRUCIBLE_DEFAULT_QUOTA_CPUS", str(max(32, 2 * args.burst + 16)))
     os.environ.setdefault("CRUCIBLE_DEFAULT_QUOTA_MEMORY_MB", str(1024 * (args.burst + 64)))
     os.environ.setdefault("CRUCIBLE_POOL_REFILL_CONCURRENCY", "4")
-    with serve('{"terminal": 3}') as srv, srv.client() as c:
+    with serve('{"terminal": 3}') as srv, srv.client() as c, ExitStack() as during_execs:
 
         def warm() -> int:
             return c.get("/v1/pools/terminal").json()["warm"]
@@ -164,29 +215,43 @@ def main() -> None:
             for x in engine.containers.list(filters={"label": f"crucible.sandbox_id={sb['id']}"})
         )
 
-        def rest_exec() -> None:
-            r = c.post(f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": "echo hi"})
-            assert r.json()["stdout"] == "hi\n", r.text
-
-        lean = http.client.HTTPConnection(urlparse(srv.url).hostname, urlparse(srv.url).port)
-        lean_body = json.dumps({"cmd": "echo hi"})
-        lean_head = {"Authorization": f"Bearer {srv.key}", "Content-Type": "application/json"}
-
-        def lean_exec() -> None:
-            lean.request("POST", f"/v1/sandboxes/{sb['id']}/exec", lean_body, lean_head)
-            r = lean.getresponse()
-            assert json.loads(r.read())["stdout"] == "hi\n"
+        # the exec lane's baseline: the same build with the lane off, up for the execs only
+        full = during_execs.enter_context(
+            serve('{"terminal": 1}', env={"CRUCIBLE_EXEC_FAST_LANE": "false"})
+        )
+        fc = during_execs.enter_context(full.client())
+        fsb = fc.post("/v1/sandboxes", json={"template": "terminal"}).json()
+        sess = c.post(f"/v1/sandboxes/{sb['id']}/sessions", json={"pty": False}).json()
+        rest_exec, lean_exec, lean_close = _exec_clients(srv, c, sb["id"])
+        full_rest, full_lean, full_close = _exec_clients(full, fc, fsb["id"])
+        session_run = _session_client(srv, sb["id"], sess["id"])
 
         def raw_exec() -> None:
             ex = engine.api.exec_create(cid, ["sh", "-c", "echo hi"])
             assert engine.api.exec_start(ex["Id"]) == b"hi\n"
 
         with console.status("exec round trips"):
+            paths = {
+                "rest": rest_exec,
+                "lean": lean_exec,
+                "full_rest": full_rest,
+                "full_lean": full_lean,
+                "session": session_run,
+                "raw": raw_exec,
+            }
             for _ in range(5):  # warm every path up
-                rest_exec()
-                lean_exec()
-                raw_exec()
-            rest, lean_ms, raw = [], [], []
+                for fn in paths.values():
+                    fn()
+            got: dict[str, list[float]] = {k: [] for k in paths}
+            # the server's CPU time (all threads) per exec, per path: what a shared host's
+            # load distorts least
+            pid_of = {
+                "rest": srv.pid,
+                "lean": srv.pid,
+                "full_rest": full.pid,
+                "full_lean": full.pid,
+            }
+            cpu: dict[str, float] = dict.fromkeys(pid_of, 0.0)
             # Alternating blocks, so drift in the shared host's load hits every path alike,
             # without one path's tail running into the next: the engine tears a docker
             # exec down after it answered (interleaved one by one, REST exec read 12.6 ms
@@ -194,30 +259,44 @@ def main() -> None:
             block = 25
             for start in range(0, args.exec_n, block):
                 k = min(block, args.exec_n - start)
-                rest += timed(rest_exec, k, name="").ms
-                lean_ms += timed(lean_exec, k, name="").ms
-                raw += timed(raw_exec, k, name="").ms
+                for name, fn in paths.items():
+                    c0 = cpu_s(pid_of[name]) if name in pid_of else 0.0
+                    got[name] += timed(fn, k, name="").ms
+                    if name in pid_of:
+                        cpu[name] += cpu_s(pid_of[name]) - c0
                 time.sleep(0.05)  # the engine's teardown of the last docker exec
-        lean.close()
-        rest_s = Series("exec echo hi (REST, httpx)", rest)
-        lean_s = Series("exec echo hi (REST, http.client)", lean_ms)
-        raw_s = Series("docker exec (SDK)", raw)
+        lean_close()
+        full_close()
+        rest_s = Series("exec echo hi (REST, httpx)", got["rest"])
+        lean_s = Series("exec echo hi (REST, http.client)", got["lean"])
+        full_rest_s = Series("exec echo hi (full stack, httpx)", got["full_rest"])
+        full_lean_s = Series("exec echo hi (full stack, http.client)", got["full_lean"])
+        session_s = Series("session run echo hi (http.client)", got["session"])
+        raw_s = Series("docker exec (SDK)", got["raw"])
         c.delete(f"/v1/sandboxes/{sb['id']}")
+        during_execs.close()
         burst_s = burst(srv, c, args.burst, console) if args.burst > 0 else None
 
     rows: list[tuple[Series, Series | None]] = [
         (lease, raw_start),
         (rest_s, raw_s),
         (lean_s, raw_s),
+        (rest_s, full_rest_s),
+        (lean_s, full_lean_s),
+        (session_s, raw_s),
     ]
     if burst_s is not None:
         rows.append((burst_s, raw_start))
     load = {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    cpu_ms = {
+        f"server_cpu_ms_per_exec_{k}": round(1e3 * v / max(1, len(got[k])), 3)
+        for k, v in cpu.items()
+    }
     if args.json:
         print(
             json.dumps(
                 {
-                    s.name: {
+                    f"{s.name} vs {b.name}": {
                         **s.summary(),
                         "baseline": b.name,
                         **{f"baseline_{k}": v for k, v in b.summary().items()},
@@ -227,7 +306,8 @@ def main() -> None:
                     for s, b in rows
                     if b is not None
                 }
-                | load,
+                | load
+                | cpu_ms,
                 indent=2,
             )
         )
@@ -238,12 +318,21 @@ def main() -> None:
             ("exec p50 (http.client)", lean_s.p50, 4),
             ("exec p99 (http.client)", lean_s.p99, 15),
             ("exec p50 (httpx)", rest_s.p50, 4),
+            ("session command p50", session_s.p50, 6),
         ]
         if burst_s is not None:
             targets.append((f"{args.burst} leases at once p99", burst_s.p99, 100))
         for what, value, target in targets:
             verdict = "meets" if value <= target else "misses"
             console.print(f"{what} {value:.2f} ms {verdict} the {target} ms target")
+        per = {k: 1e3 * v / max(1, len(got[k])) for k, v in cpu.items()}
+        console.print(
+            f"server CPU per exec (ms): lane {per['lean']:.2f} (http.client), "
+            f"{per['rest']:.2f} (httpx); full stack {per['full_lean']:.2f}, "
+            f"{per['full_rest']:.2f}; ratios {per['lean'] / per['full_lean']:.2f}x, "
+            f"{per['rest'] / per['full_rest']:.2f}x",
+            soft_wrap=True,
+        )
         before, after = (" ".join(f"{x:.2f}" for x in load[k]) for k in load)
         console.print(f"load average before {before}, after {after}")
 

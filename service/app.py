@@ -18,6 +18,7 @@ from service.api import (
     audit,
     builds,
     events,
+    fastlane,
     health,
     jobs,
     keys,
@@ -173,5 +174,6 @@ def create_app(
     app.add_middleware(limits.RequestLimitsMiddleware, limits=_request_limits)
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(tracing.TracingMiddleware)  # a pass-through unless tracing is on
-    app.add_middleware(logs.RequestIdMiddleware)  # outermost: every answer carries its id
+    app.add_middleware(logs.RequestIdMiddleware)  # every answer carries its id
+    app.add_middleware(fastlane.ExecLane)  # outermost: one-shot execs, the rest passed on
     return app

@@ -199,6 +199,12 @@ class Settings(BaseSettings):
         description='Per-tenant request rates, e.g. \'{"team-a": {"rps": 5, "burst": 10}}\'; '
         "null for a tenant exempts it from rate_limit. Shared across replicas via Redis.",
     )
+    exec_fast_lane: bool = Field(
+        True,
+        description="Serve one-shot POST /v1/sandboxes/{id}/exec through the exec lane "
+        "(service.api.fastlane: no routing or dependency resolution per request; the same "
+        "checks, answers and audit event). false: every exec goes through the full stack.",
+    )
     key_cache_ttl_s: float = Field(
         5.0,
         ge=0,

@@ -88,6 +88,22 @@ def problem(
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
+def crucible_error_response(exc: CrucibleError, *, request: Request) -> JSONResponse:
+    """The problem+json answer to ``exc`` (the app's ``CrucibleError`` handler, and the exec
+    lane's): its status, title, detail and field; ``Retry-After`` on a 429 (quota or rate
+    limit), ``WWW-Authenticate`` on a 401; a 5xx is logged as a warning."""
+    headers = None
+    if isinstance(exc, QuotaExceeded):
+        headers = {"Retry-After": str(exc.retry_after_s)}
+    if exc.status >= 500:
+        log.warning("%s %s: %s", request.method, request.url.path, exc.detail)
+    if exc.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return problem(
+        exc.status, exc.title, exc.detail, request=request, field=exc.field, headers=headers
+    )
+
+
 def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
     """The dotted field of a validation error's location, without its leading source
     (``("query", "path")`` is the query parameter ``path``, not nothing)."""
@@ -102,16 +118,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(CrucibleError)
     async def _crucible(request: Request, exc: CrucibleError) -> JSONResponse:
-        headers = None
-        if isinstance(exc, QuotaExceeded):
-            headers = {"Retry-After": str(exc.retry_after_s)}
-        if exc.status >= 500:
-            log.warning("%s %s: %s", request.method, request.url.path, exc.detail)
-        if exc.status == 401:
-            headers = {"WWW-Authenticate": "Bearer"}
-        return problem(
-            exc.status, exc.title, exc.detail, request=request, field=exc.field, headers=headers
-        )
+        return crucible_error_response(exc, request=request)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

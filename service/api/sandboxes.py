@@ -19,10 +19,11 @@ from starlette.concurrency import run_in_threadpool
 from service import episodes, files, sandboxes
 from service.api.deps import Ctx, CurrentPrincipal
 from service.api.problems import error_responses, problem_body
+from service.context import ServiceContext
 from service.db.models import Sandbox, Snapshot
 from service.errors import CrucibleError, InvalidRequest, PayloadTooLarge
 from service.metrics import EXEC_LATENCY, EXECS
-from service.runtime.base import ExecChunk, ExecResult
+from service.runtime.base import ExecChunk, ExecRequest, ExecResult
 from service.sandbox_user import with_user
 from service.schemas import (
     ExecIn,
@@ -34,6 +35,7 @@ from service.schemas import (
     SandboxOut,
     SnapshotOut,
 )
+from service.tenants import Principal
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -168,7 +170,30 @@ async def exec_(
 
     Runs on the event loop: the one-shot path awaits the channel and the audit's group
     commit (``sandboxes.exec_command_async``); what blocks (a ``user`` check, the streaming
-    start) goes to a worker thread."""
+    start) goes to a worker thread. The one-shot path is also served by the exec lane
+    (``service.api.fastlane``) without this route's routing and dependencies; both call
+    ``exec_json``."""
+    if not stream:
+        payload = await exec_json(ctx, principal, sandbox_id, body)
+        return Response(payload, media_type="application/json")
+    req = await exec_request(ctx, principal, sandbox_id, body)
+    items = await run_in_threadpool(sandboxes.exec_stream, ctx, principal, sandbox_id, req)
+    path = f"/v1/sandboxes/{sandbox_id}/exec"
+    return StreamingResponse(
+        _ndjson(items, b64=body.output_b64, request_path=path), media_type="application/x-ndjson"
+    )
+
+
+async def exec_request(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, body: ExecIn
+) -> ExecRequest:
+    """The runtime's request for ``body`` (env and stdin decoded, limits applied, the
+    ``user`` resolved on a worker thread when given).
+
+    Raises:
+        InvalidRequest: bad base64 in ``env_b64``/``stdin_b64``, or both stdin forms (400).
+        CrucibleError: what ``build_exec_request`` or ``with_user`` raise (400, 403, 404).
+    """
     env = {k: v.encode() for k, v in body.env.items()}
     env.update({k: _b64(v, f"env_b64.{k}") for k, v in body.env_b64.items()})
     if body.stdin is not None and body.stdin_b64 is not None:
@@ -189,17 +214,23 @@ async def exec_(
     )
     if body.user is not None:  # reads the sandbox's template: a worker thread
         req = await run_in_threadpool(with_user, ctx, principal, sandbox_id, req, body.user)
-    if not stream:
-        res = await sandboxes.exec_command_async(ctx, principal, sandbox_id, req)
-        _observe(res)
-        return Response(
-            exec_out(res, b64=body.output_b64).model_dump_json(), media_type="application/json"
-        )
-    items = await run_in_threadpool(sandboxes.exec_stream, ctx, principal, sandbox_id, req)
-    path = f"/v1/sandboxes/{sandbox_id}/exec"
-    return StreamingResponse(
-        _ndjson(items, b64=body.output_b64, request_path=path), media_type="application/x-ndjson"
-    )
+    return req
+
+
+async def exec_json(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str, body: ExecIn
+) -> bytes:
+    """Run a one-shot exec and return its ``ExecOut`` as JSON bytes, once the audit event
+    is durable (``sandboxes.exec_command_async``).
+
+    Raises:
+        CrucibleError: what ``exec_request`` and ``exec_command_async`` raise (400, 404,
+        409, 502...), each answered as problem+json by the caller.
+    """
+    req = await exec_request(ctx, principal, sandbox_id, body)
+    res = await sandboxes.exec_command_async(ctx, principal, sandbox_id, req)
+    _observe(res)
+    return exec_out(res, b64=body.output_b64).model_dump_json().encode()
 
 
 # Threads that read streaming execs: one per stream while it runs (the default executor's
