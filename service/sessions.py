@@ -222,7 +222,6 @@ def _is_bash(shell: str) -> bool:
     return Path(shell).name == "bash"
 
 
-
 def check_size(rows: int, cols: int) -> None:
     """Refuse a terminal size the emulator cannot render within its budget.
 
@@ -238,6 +237,7 @@ def check_size(rows: int, cols: int) -> None:
             f"rows x cols is {rows * cols} cells; at most {MAX_SCREEN_CELLS} (e.g. 128x256)",
             field="cols",
         )
+
 
 def create(
     ctx: ServiceContext,
