@@ -5,10 +5,11 @@
   memory stays bounded by it. The limit is ``max_body_bytes``; file uploads
   (``PUT /v1/sandboxes/{id}/files``) have their own, ``max_upload_bytes``, enforced by
   their route as they stream.
-- A JSON body (``application/json``, ``*/*+json`` or no ``Content-Type``, as FastAPI reads
-  them) must be UTF-8 (RFC 8259 section 8.1) and nested at most ``max_json_depth`` levels;
-  otherwise a 400 naming the problem, before the parser (whose recursion a deep document
-  would exhaust) runs.
+- A JSON body (``application/json``, ``*/*+json``, and a body without ``Content-Type``,
+  which FastAPI 0.165 no longer reads as JSON (a 422) but is checked all the same) must be
+  UTF-8 (RFC 8259 section 8.1) and nested at most ``max_json_depth`` levels; otherwise a
+  400 naming the problem, before the parser (whose recursion a deep document would
+  exhaust) runs.
 
 A refused request never reaches a route, so nothing stored changes.
 """
