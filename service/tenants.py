@@ -16,7 +16,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import BigInteger, Float, Integer, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from service import audit
@@ -157,28 +157,49 @@ def revoke_key(session: Session, key_id: str) -> bool:
     return True
 
 
+_T = Tenant.__table__
+# The reservation as one prebuilt Core statement (the lease hot path: a burst's reservations
+# run one after another in a group commit; building it through the ORM per call cost ~0.5 ms
+# of the writer's time, this ~0.07 ms). Each bind is typed as the column it is added to.
+_RESERVE = (
+    update(_T)
+    .where(
+        _T.c.id == bindparam("b_tenant"),
+        _T.c.used_sandboxes + bindparam("b_sandboxes", type_=Integer) <= _T.c.max_sandboxes,
+        _T.c.used_cpus + bindparam("b_cpus", type_=Float) <= _T.c.max_cpus + 1e-9,
+        _T.c.used_memory_mb + bindparam("b_memory_mb", type_=BigInteger) <= _T.c.max_memory_mb,
+    )
+    .values(
+        used_sandboxes=_T.c.used_sandboxes + bindparam("b_sandboxes", type_=Integer),
+        used_cpus=_T.c.used_cpus + bindparam("b_cpus", type_=Float),
+        used_memory_mb=_T.c.used_memory_mb + bindparam("b_memory_mb", type_=BigInteger),
+    )
+)
+
+
 def reserve(session: Session, tenant_id: str, need: Resources) -> None:
-    """Reserve ``need`` against the tenant's quota in one guarded UPDATE.
+    """Reserve ``need`` against the tenant's quota in one guarded UPDATE, in ``session``'s
+    transaction (a prebuilt Core statement on its connection: pending ORM changes are not
+    flushed first, and none is needed: it touches only the tenant row).
 
     Raises:
-        QuotaExceeded: the reservation would exceed a limit (nothing is reserved).
+        QuotaExceeded: the reservation would exceed a limit now (nothing is reserved).
+        QuotaNeverFits: ``need`` alone exceeds a limit (nothing is reserved).
+        AuthError: the tenant no longer exists.
     """
-    t = Tenant
-    done = session.execute(
-        update(t)
-        .where(
-            t.id == tenant_id,
-            t.used_sandboxes + need.sandboxes <= t.max_sandboxes,
-            t.used_cpus + need.cpus <= t.max_cpus + 1e-9,
-            t.used_memory_mb + need.memory_mb <= t.max_memory_mb,
+    done = (
+        session.connection()
+        .execute(
+            _RESERVE,
+            {
+                "b_tenant": tenant_id,
+                "b_sandboxes": need.sandboxes,
+                "b_cpus": need.cpus,
+                "b_memory_mb": need.memory_mb,
+            },
         )
-        .values(
-            used_sandboxes=t.used_sandboxes + need.sandboxes,
-            used_cpus=t.used_cpus + need.cpus,
-            used_memory_mb=t.used_memory_mb + need.memory_mb,
-        )
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .rowcount
+    )
     if done == 1:
         return
     row = session.get(Tenant, tenant_id)
