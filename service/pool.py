@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from service import audit, coordination, tenants, tracing
 from service.config import Settings
@@ -73,11 +74,63 @@ _CLAIM_WARM = (
         expires_at=bindparam("b_expires", type_=_SB.c.expires_at.type),
         ttl_s=bindparam("b_ttl"),
         metadata=bindparam("b_meta", type_=_SB.c.metadata.type),
+        cpus=bindparam("b_cpus", type_=_SB.c.cpus.type),
+        memory_mb=bindparam("b_memory_mb", type_=_SB.c.memory_mb.type),
     )
 )
+# The lease's claim as one statement: pick the oldest warm row of the template and lease it,
+# returning the leased row's columns (SQLite >= 3.35 and PostgreSQL: RETURNING), instead of a
+# SELECT, the guarded UPDATE and an ORM load of the row (~0.45 ms of the group-commit writer's
+# time per lease in a burst, this ~0.1 ms). The pick is a subquery on an alias (not correlated
+# with the UPDATE's table). On PostgreSQL it takes the row's lock with SKIP LOCKED: another
+# replica's transaction that holds a warm row (claiming it) is passed over at once, and a row
+# that another transaction leased and committed since this statement's snapshot fails the
+# lock's recheck of ``state = 'warm'`` and is passed over too; SQLite has no FOR UPDATE (its
+# write transactions are serialized: BEGIN IMMEDIATE). The UPDATE stays guarded by
+# ``state = 'warm'``. When it leases nothing, ``claim`` falls back to the plain pick and
+# guarded UPDATE, which waits on a row another transaction holds, as before.
+_W = _SB.alias("w")
+_PICK_WARM = (
+    select(_W.c.id)
+    .where(
+        _W.c.deployment == bindparam("b_deployment"),
+        _W.c.template == bindparam("b_template"),
+        _W.c.state == "warm",
+    )
+    .order_by(_W.c.created_at)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+    .scalar_subquery()
+)
+_CLAIM_OLDEST_WARM = (
+    update(_SB)
+    .where(_SB.c.id == _PICK_WARM, _SB.c.state == "warm")
+    .values(
+        state="leased",
+        tenant_id=bindparam("b_tenant"),
+        leased_at=bindparam("b_now", type_=_SB.c.leased_at.type),
+        expires_at=bindparam("b_expires", type_=_SB.c.expires_at.type),
+        ttl_s=bindparam("b_ttl"),
+        metadata=bindparam("b_meta", type_=_SB.c.metadata.type),
+        cpus=bindparam("b_cpus", type_=_SB.c.cpus.type),
+        memory_mb=bindparam("b_memory_mb", type_=_SB.c.memory_mb.type),
+    )
+    .returning(*_SB.c)
+)
+# (attribute, column key) of every mapped column: a returned row -> a Sandbox
+_SANDBOX_ATTRS = tuple((p.key, p.columns[0].key) for p in Sandbox.__mapper__.column_attrs)
 LEASE_SETTLE_S = 0.05
 LEASE_SETTLE_MAX_S = 1.0
 DEAD_REPLICAS_EVERY_S = 5.0
+
+
+def _detached(row: Any) -> Sandbox:
+    """A ``Sandbox`` from a returned row of all its columns, detached with its identity (the
+    state a row loaded in a session that has closed is in), without an ORM load."""
+    m = row._mapping
+    sb = Sandbox(**{attr: m[key] for attr, key in _SANDBOX_ATTRS})
+    make_transient_to_detached(sb)
+    return sb
 
 
 def spec_for(
@@ -334,34 +387,49 @@ class PoolManager:
     # -- lease fast path -------------------------------------------------------------------
 
     def claim(
-        self, s, *, template: str, tenant_id: str, expires_at: datetime, ttl_s: int, metadata: dict
+        self,
+        s: Session,
+        *,
+        template: str,
+        tenant_id: str,
+        expires_at: datetime,
+        ttl_s: int,
+        metadata: dict,
+        cpus: float,
+        memory_mb: int,
     ) -> Sandbox | None:
-        """Atomically turn one warm sandbox of ``template`` into a lease, in session ``s``.
+        """Atomically turn one warm sandbox of ``template`` into a lease, in session ``s``'s
+        transaction: the oldest warm one, given the lease's ``cpus`` and ``memory_mb`` (MiB,
+        what the quota was charged), expiring at ``expires_at`` (``ttl_s`` seconds).
 
-        Returns the leased row, or None when the pool is empty. The UPDATE is guarded by
-        ``state='warm'`` so two claimers never get the same sandbox.
+        Returns the leased row, detached (as if loaded and its session closed; later changes
+        to it are not written), or None when the pool is empty. Every UPDATE is guarded by
+        ``state='warm'``, so two claimers (also on two replicas) never get the same sandbox.
         """
         # Prebuilt Core statements on the session's connection (the lease hot path: a
-        # burst's claims run one after another in a group commit; ~4x cheaper than
-        # building ORM statements per call).
+        # burst's claims run one after another in a group commit).
         conn = s.connection()
+        params = {
+            "b_deployment": self.deployment,
+            "b_template": template,
+            "b_tenant": tenant_id,
+            "b_now": utcnow(),
+            "b_expires": expires_at,
+            "b_ttl": ttl_s,
+            "b_meta": metadata,
+            "b_cpus": cpus,
+            "b_memory_mb": memory_mb,
+        }
+        row = conn.execute(_CLAIM_OLDEST_WARM, params).first()
+        if row is not None:
+            return _detached(row)
+        # None leasable at once: the pool is empty, or (PostgreSQL) every warm row is held
+        # by another transaction. The plain pick waits for such a row's holder.
         for _ in range(5):
-            sid = conn.execute(
-                _OLDEST_WARM, {"b_deployment": self.deployment, "b_template": template}
-            ).scalar()
+            sid = conn.execute(_OLDEST_WARM, params).scalar()
             if sid is None:
                 return None
-            got = conn.execute(
-                _CLAIM_WARM,
-                {
-                    "b_sid": sid,
-                    "b_tenant": tenant_id,
-                    "b_now": utcnow(),
-                    "b_expires": expires_at,
-                    "b_ttl": ttl_s,
-                    "b_meta": metadata,
-                },
-            ).rowcount
+            got = conn.execute(_CLAIM_WARM, {**params, "b_sid": sid}).rowcount
             if got == 1:
                 return s.get(Sandbox, sid, populate_existing=True)
         return None

@@ -238,9 +238,9 @@ def _plan_lease(
             expires_at=lease_expiry(ttl),
             ttl_s=ttl,
             metadata=metadata,
+            cpus=tpl.cpus,
+            memory_mb=tpl.memory_mb,
         )
-        if warm is not None and (tpl.cpus, tpl.memory_mb) != (warm.cpus, warm.memory_mb):
-            warm.cpus, warm.memory_mb = tpl.cpus, tpl.memory_mb
         if warm is not None:
             audit.record(
                 s,
