@@ -54,14 +54,16 @@ def _ttl(ctx: ServiceContext, ttl_s: int | None) -> int:
 MIN_CPUS = 0.01  # the engine refuses NanoCpus below 10^7 (0.01 CPU)
 
 
-def check_cpus(ctx: ServiceContext, cpus: float, *, field: str) -> None:
+def check_cpus(ctx: ServiceContext, cpus: float, *, field: str, host: int | None = None) -> None:
     """Refuse, before anything is reserved or started, CPUs the engine would refuse: below
-    its minimum of 0.01 or more than its host has.
+    its minimum of 0.01 or more than its host has (``host``, its CPU count, when the caller
+    knows it; else the engine is asked: ``runtime.host_cpus``).
 
     Raises:
         InvalidRequest: names ``field``. SandboxError: the engine could not be asked.
     """
-    host = ctx.runtime.host_cpus()
+    if host is None:
+        host = ctx.runtime.host_cpus()
     if not MIN_CPUS <= cpus <= host:
         raise InvalidRequest(
             f"{field} {cpus:g} is outside what the engine accepts: {MIN_CPUS} to {host} "
@@ -218,14 +220,33 @@ def _plan_lease(
     metadata: dict[str, Any],
     cpus: float | None,
     memory_mb: int | None,
+    t0: float | None = None,
+    base: Template | None = None,
+    host_cpus: int | None = None,
 ) -> _LeasePlan:
-    t0 = time.perf_counter()
-    base = ctx.templates.get(template)
-    tpl = base.model_copy(
-        update={k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
+    """The lease worked out before its transaction (``_LeasePlan``). ``base``: the template
+    when the caller has it, and ``host_cpus``: the host's CPU count when known; with both
+    nothing here blocks (``lease_async`` plans on the event loop then). ``t0``: when the
+    lease began (``perf_counter``), for its latency metric.
+
+    Raises:
+        NotFound: unknown template. InvalidRequest: TTL or CPUs out of range.
+        SandboxError: the engine could not be asked its CPU count.
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    if base is None:
+        base = ctx.templates.get(template)
+    tpl = (
+        base.model_copy(
+            update={k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
+        )
+        if cpus is not None or memory_mb is not None
+        else base
     )
     ttl = _ttl(ctx, ttl_s)
-    check_cpus(ctx, tpl.cpus, field="limits.cpus" if cpus is not None else "template")
+    check_cpus(
+        ctx, tpl.cpus, field="limits.cpus" if cpus is not None else "template", host=host_cpus
+    )
     need = Resources(1, tpl.cpus, tpl.memory_mb)
     sid = new_id("sb")
 
@@ -349,23 +370,29 @@ async def lease_async(
     cpus: float | None = None,
     memory_mb: int | None = None,
 ) -> Sandbox:
-    """``lease`` for the event loop, same results and errors: the plan (a template may be
-    resolved) on a worker thread, the claim's group commit awaited without holding a thread
-    (a burst's leases all join one batch), and what blocks after it (limits to apply, a cold
-    start) on a worker thread."""
+    """``lease`` for the event loop, same results and errors: the plan on the loop when it
+    needs no I/O (the template in the registry's memory, the host's CPU count known), else
+    on a worker thread (a task's template may be made, the engine asked); the claim's group
+    commit awaited without holding a thread (a burst's leases all join one batch); what
+    blocks after it (limits to apply, a cold start) on a worker thread."""
+    t0 = time.perf_counter()
     with tracing.span("sandbox.lease"):
-        plan = await run_in_threadpool(
-            functools.partial(
-                _plan_lease,
-                ctx,
-                principal,
-                template=template,
-                ttl_s=ttl_s,
-                metadata=metadata,
-                cpus=cpus,
-                memory_mb=memory_mb,
-            )
+        plan_with = functools.partial(
+            _plan_lease,
+            ctx,
+            principal,
+            template=template,
+            ttl_s=ttl_s,
+            metadata=metadata,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            t0=t0,
         )
+        base, host = ctx.templates.peek(template), ctx.runtime.known_host_cpus()
+        if base is not None and host is not None:
+            plan = plan_with(base=base, host_cpus=host)  # no I/O: no thread hop
+        else:
+            plan = await run_in_threadpool(plan_with)
         try:
             warm = await ctx.commits.run_async(plan.claim)
         except (QuotaExceeded, QuotaNeverFits) as e:

@@ -138,6 +138,12 @@ class TemplateRegistry:
             raise NotFound(f"unknown template {name!r}", field="template")
         return found
 
+    def peek(self, name: str) -> Template | None:
+        """The registered template, or None: never resolved (no I/O, so an event loop may
+        call it; ``get`` may make a task's template, which reads the task registry)."""
+        with self._lock:
+            return self._templates.get(name)
+
     def register(self, template: Template) -> None:
         """Add or replace a template."""
         with self._lock:

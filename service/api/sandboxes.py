@@ -120,11 +120,13 @@ def _observe(res: ExecResult) -> None:
     response_model=SandboxOut,
     responses=error_responses(404, 409, 429, 502, 503),
 )
-async def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> SandboxOut:
+async def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> Response:
     """Lease a sandbox from the template's warm pool (a cold start only when it is empty).
 
     On the event loop: the claim's group commit is awaited without holding a worker thread
-    (``sandboxes.lease_async``)."""
+    (``sandboxes.lease_async``). The answer is serialized here, once (``SandboxOut`` built
+    from the row, then its JSON: the same body FastAPI's ``response_model`` path gives, which
+    would validate and encode it again)."""
     limits = body.limits
     row = await sandboxes.lease_async(
         ctx,
@@ -135,7 +137,11 @@ async def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> Sa
         cpus=limits.cpus if limits else None,
         memory_mb=limits.memory_mb if limits else None,
     )
-    return sandbox_out(row)
+    return Response(
+        sandbox_out(row).model_dump_json(),
+        status_code=status.HTTP_201_CREATED,
+        media_type="application/json",
+    )
 
 
 @router.get("", response_model=SandboxList)

@@ -259,6 +259,11 @@ class SandboxRuntime(Protocol):
         """How many CPUs the engine's host has: the most one container may be given."""
         ...
 
+    def known_host_cpus(self) -> int | None:
+        """``host_cpus``'s answer when it is already known without asking the engine (no
+        I/O: an event loop may call it), else None."""
+        ...
+
     def disk_usage_bytes(self, container_id: str) -> int:
         """Size in bytes of the container's writable layer (what a snapshot commits)."""
         ...

@@ -1423,6 +1423,10 @@ class DockerRuntime:
                 raise _map_error(e, "asking the engine for its CPU count") from e
         return known
 
+    def known_host_cpus(self) -> int | None:
+        """``host_cpus``'s answer once it was asked (it is asked once), else None; no I/O."""
+        return getattr(self, "_host_cpus", None)
+
     def update_limits(self, container_id: str, *, cpus: float, memory_bytes: int) -> None:
         """Set NanoCpus, Memory and MemorySwap (= Memory) of a running container.
 
