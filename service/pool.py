@@ -80,8 +80,8 @@ _CLAIM_WARM = (
 )
 # The lease's claim as one statement: pick the oldest warm row of the template and lease it,
 # returning the leased row's columns (SQLite >= 3.35 and PostgreSQL: RETURNING), instead of a
-# SELECT, the guarded UPDATE and an ORM load of the row (~0.45 ms of the group-commit writer's
-# time per lease in a burst, this ~0.1 ms). The pick is a subquery on an alias (not correlated
+# SELECT, the guarded UPDATE and an ORM load of the row (~0.35 ms of the group-commit writer's
+# CPU per lease in a burst, this ~0.15 ms). The pick is a subquery on an alias (not correlated
 # with the UPDATE's table). On PostgreSQL it takes the row's lock with SKIP LOCKED: another
 # replica's transaction that holds a warm row (claiming it) is passed over at once, and a row
 # that another transaction leased and committed since this statement's snapshot fails the
