@@ -573,6 +573,25 @@ def build_exec_request(
     )
 
 
+def _exec_context(req: ExecRequest) -> dict[str, Any]:
+    """What an exec event records beyond its command line (trial 27: an exec as uid 0 whose
+    payload travelled in ``env`` was audited as ``eval "$X"`` alone): the identity asked
+    for (``user``; None: the template's), ``cwd``, each ``env`` name with the SHA-256 of
+    its value (values may be secrets; the digest still ties an event to a known payload),
+    the SHA-256 of ``stdin``, and an argv list as a list (joined with spaces in ``cmd``,
+    ``["sh", "-c", "a b"]`` read as ``sh -c a b``; at most 64 items of 1,024 characters)."""
+    out: dict[str, Any] = {
+        "user": req.user,
+        "cwd": req.cwd,
+        "env_sha256": {k[:256]: hashlib.sha256(v).hexdigest() for k, v in sorted(req.env.items())},
+        "stdin_sha256": hashlib.sha256(req.stdin).hexdigest() if req.stdin else None,
+    }
+    if not isinstance(req.cmd, str):
+        out["argv"] = [a[:1024] for a in req.cmd[:64]]
+        out["argv_truncated"] = len(req.cmd) > 64 or any(len(a) > 1024 for a in req.cmd)
+    return out
+
+
 def _exec_event(
     principal: Principal,
     sandbox_id: str,
@@ -589,6 +608,7 @@ def _exec_event(
         "cmd_truncated": len(cmd) > 4096,
         "timeout_s": req.timeout_s,
         "stdin_bytes": len(req.stdin),
+        **_exec_context(req),
     }
     if res is not None:
         details.update(

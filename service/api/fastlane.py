@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import idempotency, logs, tracing
-from service.api.limits import json_depth_exceeds
+from service.api.limits import declared_length, json_depth_exceeds
 from service.api.problems import crucible_error_response
 from service.api.sandboxes import exec_json
 from service.context import ServiceContext
@@ -101,10 +101,10 @@ class ExecLane:
                 if name in headers:
                     return await self._pass(scope, receive, send)
                 headers[name] = value
-        declared = headers.get(b"content-length", b"")
+        declared = declared_length(headers.get(b"content-length"))
         if (
-            not declared.isdigit()
-            or int(declared) > settings.max_body_bytes
+            declared is None
+            or declared > settings.max_body_bytes
             or headers.get(b"content-type", b"").lower() not in _JSON
         ):
             return await self._pass(scope, receive, send)

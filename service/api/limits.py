@@ -11,6 +11,15 @@
   400 naming the problem, before the parser (whose recursion a deep document would
   exhaust) runs.
 
+- A header that says one thing (``Content-Length``, ``Content-Type``, ``Authorization``,
+  ``Idempotency-Key``) given twice is a 400 naming it: the layers read different copies
+  (this middleware the last ``Content-Type``, FastAPI the first; the idempotency
+  middleware filed a request under the last key's tenant while the route acted as the
+  first's), so a duplicate walked around the UTF-8 and depth checks and crossed tenants'
+  idempotency records (trial 27).
+- A ``Content-Length`` is read by ``declared_length``, which never raises (``int()`` of
+  4,301 leading zeros did: a 500 on every route, before authentication).
+
 A refused request never reaches a route, so nothing stored changes.
 """
 
@@ -45,6 +54,37 @@ def json_depth_exceeds(body: bytes, max_depth: int) -> bool:
     return False
 
 
+# Headers with one value each: a request that repeats one is refused (module docstring).
+SINGLE_HEADERS = (b"content-length", b"content-type", b"authorization", b"idempotency-key")
+_MAX_LENGTH_DIGITS = 18  # 10**18 bytes is past every limit; int() of it is cheap
+
+
+def declared_length(value: bytes | None) -> int | None:
+    """A ``Content-Length`` value in bytes (RFC 9110 section 8.6: ASCII digits, leading
+    zeros allowed; blanks around it ignored), or None when absent or not a number. A value
+    of more than 18 significant digits is 10**18, past any limit. Never raises (Python's
+    ``int()`` refuses strings of over 4,300 digits)."""
+    if value is None:
+        return None
+    digits = value.strip(b" \t")
+    if not digits or not digits.isdigit():  # bytes.isdigit: ASCII digits only
+        return None
+    digits = digits.lstrip(b"0") or b"0"
+    return int(digits) if len(digits) <= _MAX_LENGTH_DIGITS else 10**_MAX_LENGTH_DIGITS
+
+
+def repeated_header(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The first of ``SINGLE_HEADERS`` that ``headers`` (ASGI: lower-case names) carries
+    more than once, or None."""
+    seen: set[bytes] = set()
+    for name, _ in headers:
+        if name in SINGLE_HEADERS:
+            if name in seen:
+                return name
+            seen.add(name)
+    return None
+
+
 def _is_json(content_type: str | None) -> bool:
     if content_type is None:
         return True
@@ -71,10 +111,22 @@ class RequestLimitsMiddleware:
         ):
             await self.app(scope, receive, send)
             return
+        repeated = repeated_header(scope["headers"])
+        if repeated is not None:
+            name = repeated.decode("latin-1").title()
+            await _refuse(
+                scope,
+                send,
+                400,
+                "Repeated header",
+                f"{name} is given more than once; give it once",
+                field=name,
+            )
+            return
         max_bytes, max_depth = self.limits(scope)
         headers = dict(scope["headers"])
-        declared = headers.get(b"content-length", b"").decode("latin-1")
-        if declared.isdigit() and int(declared) > max_bytes:
+        declared = declared_length(headers.get(b"content-length"))
+        if declared is not None and declared > max_bytes:
             await _refuse(
                 scope,
                 send,
@@ -139,9 +191,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-async def _refuse(scope: Scope, send: Send, status: int, title: str, detail: str) -> None:
+async def _refuse(
+    scope: Scope, send: Send, status: int, title: str, detail: str, *, field: str = "body"
+) -> None:
     payload = json.dumps(
-        problem_body(status, title, detail, instance=scope["path"], field="body")
+        problem_body(status, title, detail, instance=scope["path"], field=field)
     ).encode()
     await send(
         {

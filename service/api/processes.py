@@ -156,7 +156,7 @@ def output(
     ctx: Ctx,
     principal: CurrentPrincipal,
     stream: str = Query("stdout", pattern="^(stdout|stderr)$"),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**63 - 1),  # the keeper reads a u64 (2**64 was a 500)
     wait_s: float = Query(0.0, ge=0, le=600, description="Wait for bytes past offset."),
 ) -> OutputOut:
     """A stream's bytes from ``offset`` (kept while nobody read); ``next``: where to go on."""

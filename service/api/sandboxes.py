@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import episodes, files, sandboxes
 from service.api.deps import Ctx, CurrentPrincipal
+from service.api.limits import declared_length
 from service.api.problems import error_responses, problem_body
 from service.context import ServiceContext
 from service.db.models import Sandbox, Snapshot
@@ -336,8 +337,8 @@ def snapshot(sandbox_id: str, ctx: Ctx, principal: CurrentPrincipal) -> Snapshot
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    declared = declared_length(request.headers.get("content-length", "").encode("latin-1"))
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(
             f"upload of {declared} bytes exceeds the limit of {limit}", field="body"
         )

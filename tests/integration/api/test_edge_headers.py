@@ -1,0 +1,158 @@
+"""Trial 27's findings at the HTTP edge (a differential fuzz of the exec lane against the
+full stack, raw sockets), fixed by class and pinned here through a real server:
+
+- a header that says one thing, given twice, is a 400 naming it (the layers read
+  different copies: the limits middleware the last ``Content-Type``, FastAPI the first;
+  the idempotency middleware filed a request under the last key's tenant, the route acted
+  as the first's);
+- a ``Content-Length`` of 4,301 leading zeros is read, never a 500 (``int()`` raised on
+  every route, before authentication);
+- a process output offset past what the keeper reads is a 422, not a 500;
+- an exec's audit event says who it ran as, where, with which env and stdin (digests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.integration.api.conftest import Stack
+from tests.integration.api.test_sandboxes_api import assert_problem, audit_actions, lease
+
+pytestmark = pytest.mark.docker
+
+
+def raw(
+    stack: Stack, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on its own connection, headers exactly as given: (status, headers, body)."""
+    u = urlparse(stack.url)
+    head = f"{method} {path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+        s.sendall(head.encode("latin-1") + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    top, _, rest = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in fields.items()}, rest
+
+
+def key(client: Any) -> str:
+    return client.headers["authorization"]
+
+
+def test_a_content_length_of_thousands_of_leading_zeros_is_read(stack: Stack) -> None:
+    sid = lease(stack.alice)["id"]
+    body = b'{"cmd": "echo hi"}'
+    length = "0" * 5000 + str(len(body))
+    for path in (f"/v1/sandboxes/{sid}/exec", "/v1/sandboxes/x/heartbeat"):
+        status, _, out = raw(
+            stack,
+            "POST",
+            path,
+            [
+                ("Authorization", key(stack.alice)),
+                ("Content-Type", "application/json"),
+                ("Content-Length", length),
+            ],
+            body,
+        )
+        assert status < 500, out
+    status, _, out = raw(stack, "GET", "/healthz", [("Content-Length", "0" * 5000)], b"")
+    assert status == 200, out
+
+
+# (a repeated Content-Length never gets this far: uvicorn's parser answers a plain 400)
+@pytest.mark.parametrize("header", ["Content-Type", "Authorization"])
+def test_a_header_given_twice_is_refused_naming_it(stack: Stack, header: str) -> None:
+    sid = lease(stack.alice)["id"]
+    deep = b'{"cmd": "true", "env": {"A": ' + b"[" * 900 + b"]" * 900 + b"}}"
+    headers = {
+        "Content-Type": [("Content-Type", "application/json"), ("Content-Type", "text/plain")],
+        "Authorization": [("Authorization", key(stack.alice)), ("Authorization", key(stack.bob))],
+    }[header]
+    rest = [
+        h
+        for h in [
+            ("Authorization", key(stack.alice)),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(deep))),
+        ]
+        if h[0] != header
+    ]
+    before = len(audit_actions(stack, sid))
+    status, fields, out = raw(stack, "POST", f"/v1/sandboxes/{sid}/exec", rest + headers, deep)
+    assert status == 400 and fields["content-type"].startswith("application/problem+json"), out
+    problem = json.loads(out)
+    assert problem["field"] == header and "more than once" in problem["detail"], problem
+    assert len(audit_actions(stack, sid)) == before  # nothing ran, nothing stored
+
+
+def test_an_idempotent_retry_under_two_keys_is_refused_not_crossed(stack: Stack) -> None:
+    """Alice's key first, bob's second, one Idempotency-Key: before, the lease was alice's
+    and its record filed under bob's tenant (bob's retry replayed alice's sandbox)."""
+    body = b'{"template": "terminal", "ttl_s": 120}'
+    status, _, out = raw(
+        stack,
+        "POST",
+        "/v1/sandboxes",
+        [
+            ("Authorization", key(stack.alice)),
+            ("Authorization", key(stack.bob)),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            ("Idempotency-Key", "trial-27-dup-auth"),
+        ],
+        body,
+    )
+    assert status == 400 and json.loads(out)["field"] == "Authorization", out
+    r = stack.bob.post(
+        "/v1/sandboxes",
+        json={"template": "terminal", "ttl_s": 120},
+        headers={"Idempotency-Key": "trial-27-dup-auth"},
+    )
+    assert r.status_code == 201 and r.headers.get("idempotent-replayed") is None, r.headers
+    assert r.json()["id"] not in {
+        s["id"] for s in stack.alice.get("/v1/sandboxes").json()["sandboxes"]
+    }
+
+
+def test_an_output_offset_past_the_keepers_range_is_a_422(stack: Stack) -> None:
+    sid = lease(stack.alice)["id"]
+    r = stack.alice.post(f"/v1/sandboxes/{sid}/processes", json={"cmd": "echo x"})
+    assert r.status_code == 201, r.text
+    handle = r.json()["handle"]
+    r = stack.alice.get(
+        f"/v1/sandboxes/{sid}/processes/{handle}/output", params={"offset": str(2**64)}
+    )
+    assert_problem(r, 422)
+
+
+def test_an_exec_event_says_who_where_and_with_what(stack: Stack) -> None:
+    sid = lease(stack.alice)["id"]
+    r = stack.alice.post(
+        f"/v1/sandboxes/{sid}/exec",
+        json={
+            "cmd": ["sh", "-c", 'eval "$X"', "a b"],
+            "env": {"X": "id -u"},
+            "user": "0",
+            "cwd": "/tmp",
+            "stdin": "in",
+        },
+    )
+    assert r.status_code == 200 and r.json()["stdout"] == "0\n", r.text
+    event = [e for e in audit_actions(stack, sid) if e["action"] == "sandbox.exec"][-1]
+    d = event["details"]
+    assert d["argv"] == ["sh", "-c", 'eval "$X"', "a b"] and d["argv_truncated"] is False, d
+    assert (d["user"], d["cwd"]) == ("0", "/tmp"), d
+    assert d["env_sha256"] == {"X": hashlib.sha256(b"id -u").hexdigest()}, d
+    assert d["stdin_sha256"] == hashlib.sha256(b"in").hexdigest(), d
+    assert "id -u" not in json.dumps(event)  # env values may be secrets: digests only
