@@ -277,3 +277,40 @@ def test_a_process_whose_leader_ended_alone_is_still_ended(
     assert "leader Z live True" in out, out  # what the sweep saw before as gone
     assert "ended 1" in out and "live False beating False" in out, out
     assert "wrapped ended 1" in out, out
+
+
+# Trial 26: a leftover whose name is not UTF-8 (a write to /proc/self/comm, or the exec of a
+# file named so) made the judge's text read of /proc/<pid>/status raise, and the sweep took
+# it for gone. Any read or parse failure of a pid that still exists is now ended.
+COMM_JUDGE = (
+    OBSERVER
+    + r"""
+import os, shutil, subprocess, time
+c._restrict_children()
+shutil.copy("/bin/sleep", b"/tmp/\xff\xfe")
+mark = c.leftover_mark()
+named = subprocess.Popen(["python3", "-c",
+    "open('/proc/self/comm', 'wb').write(b'\\xff\\xfe'); import time; time.sleep(300)"])
+execd = subprocess.Popen([b"/tmp/\xff\xfe", "301"])
+time.sleep(0.5)
+print("parsed", isinstance(c._status(str(named.pid)), tuple),
+      isinstance(c._status(str(execd.pid)), tuple))
+print("ended", c.end_leftovers(mark))
+time.sleep(0.2)
+print("named", named.poll(), "execd", execd.poll())
+"""
+)
+
+
+def test_a_leftover_named_in_bytes_that_are_not_utf8_is_still_ended(
+    docker_runtime: Any, make_sandbox: Any
+) -> None:
+    from service.runtime.base import ExecRequest
+
+    cid = make_sandbox()
+    res = docker_runtime.exec(
+        cid, ExecRequest(cmd=["python3", "-c", COMM_JUDGE], user="0", timeout_s=60)
+    )
+    out = (res.stdout + res.stderr).decode(errors="replace")
+    assert "parsed True True" in out, out
+    assert "ended 2" in out and "named -9 execd -9" in out, out

@@ -33,6 +33,7 @@ ended early with a good status) shows it on a canary; the control plane then sco
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -400,56 +401,87 @@ _CAP_DAC_OVERRIDE = 1 << 1
 LEFTOVER_DEADLINE_S = 5.0
 
 
+class _Unreadable:
+    """A pid that exists but whose ``/proc`` entry could not be read or parsed: never taken
+    for gone (a trial's leftover named itself with bytes that are not UTF-8, the text read
+    raised, and the sweep skipped it as gone)."""
+
+    def __repr__(self) -> str:
+        return "UNREADABLE"
+
+
+UNREADABLE = _Unreadable()
+_GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
+
+
+def _read(path: str):  # noqa: ANN202
+    """The bytes of a ``/proc`` file, None when its process is gone (``ENOENT``/``ESRCH``),
+    ``UNREADABLE`` on any other failure (the process may still run)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        return None if e.errno in _GONE_ERRNOS else UNREADABLE
+
+
 def _status(pid: str):  # noqa: ANN202
-    """(state letter, parent pid, effective capabilities) of ``/proc/<pid>/status``, or None
-    (gone)."""
+    """(state letter, parent pid, effective capabilities) of ``/proc/<pid>/status``; None
+    when the process is gone; ``UNREADABLE`` when it exists but the file could not be read
+    or parsed (fail closed: the sweep ends such a process). Parsed as bytes: the ``Name:``
+    line carries the process's name as it set it, not UTF-8 (``/proc/self/comm``)."""
+    data = _read(f"/proc/{pid}/status")
+    if data is None or data is UNREADABLE:
+        return data
     state = ppid = caps = None
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key == "State":
-                    state = value.split()[0]
-                elif key == "PPid":
-                    ppid = int(value)
-                elif key == "CapEff":
-                    caps = int(value, 16)
-    except (OSError, ValueError):
-        return None
+        for line in data.split(b"\n"):
+            key, _, value = line.partition(b":")
+            if key == b"State":
+                state = value.split()[0].decode("ascii")
+            elif key == b"PPid":
+                ppid = int(value)
+            elif key == b"CapEff":
+                caps = int(value, 16)
+    except (ValueError, IndexError):
+        return UNREADABLE
     if state is None or ppid is None or caps is None:
-        return None
+        return UNREADABLE
     return state, ppid, caps
 
 
 def _live(pid: str, state: str) -> bool:
     """Whether any thread of ``pid`` still runs: a thread-group leader that ended alone
     (``SYS_exit``) shows ``Z`` while its other threads go on (a trial's daemon hid from the
-    sweep that way), so a zombie counts as gone only when every one of its threads is."""
+    sweep that way), so a zombie counts as gone only when every one of its threads is (a
+    thread whose state cannot be read counts as running)."""
     if state not in ("Z", "X"):
         return True
     try:
         tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
+    except OSError as e:
+        return e.errno not in _GONE_ERRNOS
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
-                    return True
-        except (OSError, IndexError):
+        data = _read(f"/proc/{pid}/task/{tid}/stat")
+        if data is None:
             continue  # that thread ended between the listing and the read: it does not run
+        try:
+            if data.rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                return True
+        except (AttributeError, IndexError):
+            return True
     return False
 
 
 def _started(pid: str):  # noqa: ANN202
-    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or
-    None (gone)."""
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22); None
+    when it is gone; ``UNREADABLE`` when it exists and that could not be read."""
+    data = _read(f"/proc/{pid}/stat")
+    if data is None or data is UNREADABLE:
+        return data
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])  # field 22; the split starts at field 3
-    except (OSError, IndexError, ValueError):
-        return None
+        return int(data.rsplit(b")", 1)[1].split()[19])  # field 22; the split starts at 3
+    except (IndexError, ValueError):
+        return UNREADABLE
 
 
 def leftover_mark():  # noqa: ANN201
@@ -479,6 +511,26 @@ def uptime_ticks(text: str, hz: int) -> int:
     return (int(seconds) * 10**digits + int(fraction or "0")) * hz // 10**digits
 
 
+def _pids() -> list:
+    return [e for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _to_end(entry: str, since: int, after_pid: int) -> bool:
+    """Whether the sweep ends ``entry``: it started after the mark (or when is unreadable)
+    and runs without ``CAP_DAC_OVERRIDE`` (or its status is unreadable: fail closed)."""
+    born = _started(entry)
+    if born is None:
+        return False  # gone
+    if born is not UNREADABLE and (born < since or (born == since and int(entry) <= after_pid)):
+        return False  # before the mark (in its tick: with a pid at most the mark's)
+    st = _status(entry)
+    if st is None:
+        return False
+    if st is UNREADABLE:
+        return True
+    return not st[2] & _CAP_DAC_OVERRIDE and _live(entry, st[0])
+
+
 def end_leftovers(mark=None) -> int:  # noqa: ANN001
     """Stop and kill (``SIGSTOP``, then ``SIGKILL``) every process of the sandbox that runs
     without ``CAP_DAC_OVERRIDE`` and started after ``mark`` (``leftover_mark``; default:
@@ -494,7 +546,10 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
     After the mark: started in a later clock tick than the mark's, or in the same tick
     with a pid above the mark's (pids are handed out in order; a program that burns pids
     to wrap them around still starts later). Every thread counts: a group whose leader
-    ended alone is signalled while another thread runs (``_live``).
+    ended alone is signalled while another thread runs (``_live``). A process that exists
+    but whose ``/proc`` entry cannot be read or parsed is ended (fail closed: a trial's
+    leftover named itself in bytes that are not UTF-8 and was taken for gone).
+
     Rounds repeat until a scan finds none (a process forked mid-round is caught by the
     next) or ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does nothing
     when the task declared ``children_privileged`` (its children keep the capability) or
@@ -505,31 +560,21 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
     if os.environ.get("CRUCIBLE_CHILDREN_PRIVILEGED") == "1":
         return 0
     me = _status("self")
-    if me is None or not me[2] & _CAP_DAC_OVERRIDE:
+    if not isinstance(me, tuple) or not me[2] & _CAP_DAC_OVERRIDE:
         return 0
     if mark is None:
-        mark = (os.getpid(), _started("self") or 0)
+        born = _started("self")
+        mark = (os.getpid(), born if isinstance(born, int) else 0)
     after_pid, since = mark
     keep, pid = {1, os.getpid()}, me[1]
     while pid > 1 and pid not in keep:  # this process's ancestors: test.sh, the supervisor
         keep.add(pid)
         up = _status(str(pid))
-        pid = up[1] if up else 0
+        pid = up[1] if isinstance(up, tuple) else 0
     ended: set = set()
     deadline = time.monotonic() + LEFTOVER_DEADLINE_S
     while time.monotonic() < deadline:
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in keep:
-                continue
-            st, born = _status(entry), _started(entry)
-            if st is None or born is None or born < since:
-                continue
-            if born == since and int(entry) <= after_pid:
-                continue  # the same tick as the mark, and older than it
-            if st[2] & _CAP_DAC_OVERRIDE or not _live(entry, st[0]):
-                continue
-            found.append(int(entry))
+        found = [int(e) for e in _pids() if int(e) not in keep and _to_end(e, since, after_pid)]
         if not found:
             break
         for sig in (signal.SIGSTOP, signal.SIGKILL):
