@@ -101,6 +101,7 @@ def _take_channel():
     if secret is None:
         return None
     _mark_judge_started()
+    _sweep_lock()
     fd = os.dup(_FD)  # os.dup gives a non-inheritable (close-on-exec) descriptor
     os.close(_FD)
     return fd, secret
@@ -511,6 +512,48 @@ def uptime_ticks(text: str, hz: int) -> int:
     return (int(seconds) * 10**digits + int(fraction or "0")) * hz // 10**digits
 
 
+SWEEP_LOCK = "/logs/.crucible-sweep.lock"  # one judge's sweep at a time (root-only)
+LEFTOVER_MIN_ROUNDS = 20  # the scanning sweep (no freeze) looks at least this many times
+_INIT_PID_NS = 0xEFFFFFFC  # the initial pid namespace's inode (the host's, never a sandbox)
+_lock_fd = None
+
+
+def _sweep_lock():  # noqa: ANN202
+    """A descriptor of ``SWEEP_LOCK``, created once (the judge does it before the tests run)
+    and owned like ``/logs`` by the user nobody runs as, mode 0600: the tests' children
+    can neither open it (to hold the lock and stall the sweep) nor make it. None when it
+    cannot be had (then the sweep scans instead of freezing)."""
+    global _lock_fd
+    if _lock_fd is not None:
+        return _lock_fd
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(SWEEP_LOCK, flags, 0o600)
+    except OSError:
+        return None
+    try:
+        st, owner = os.fstat(fd), os.stat(os.path.dirname(SWEEP_LOCK))
+        if st.st_uid != owner.st_uid:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise OSError(f"{SWEEP_LOCK} is not a private file")
+    except OSError as e:
+        sys.stderr.write(f"crucible_observer: no sweep lock: {e}\n")
+        os.close(fd)
+        return None
+    _lock_fd = fd
+    return fd
+
+
+def _can_freeze() -> bool:
+    """Whether ``kill(-1, ...)`` reaches only this sandbox: a pid namespace of its own
+    (never the host's), whose init the kernel leaves out."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino != _INIT_PID_NS
+    except OSError:
+        return False
+
+
 def _pids() -> list:
     return [e for e in os.listdir("/proc") if e.isdigit()]
 
@@ -529,6 +572,63 @@ def _to_end(entry: str, since: int, after_pid: int) -> bool:
     if st is UNREADABLE:
         return True
     return not st[2] & _CAP_DAC_OVERRIDE and _live(entry, st[0])
+
+
+def _frozen_round(keep: set, since: int, after_pid: int) -> set:
+    """One sweep with every other process of the sandbox stopped: ``kill(-1, SIGSTOP)`` is
+    one signal to all of them, and the kernel gives a signal sent to many processes also
+    to a child being forked meanwhile, so no lineage forks its way out between a listing
+    and a kill (a trial's lineage cloned and exited every ~25 us and was never seen alive
+    by a scan). Lists ``/proc`` until two listings agree, kills what ``_to_end`` says, and
+    continues the rest, except what was already stopped before (a test's stopped process
+    stays stopped)."""
+    import signal
+    import time
+
+    stopped = set()
+    for entry in _pids():  # what was stopped before the freeze stays stopped after it
+        data = _read(f"/proc/{entry}/stat")
+        if isinstance(data, bytes) and data.rsplit(b")", 1)[-1].split()[:1] in ([b"T"], [b"t"]):
+            stopped.add(entry)
+    ended, listed = set(), set()
+    with contextlib.suppress(OSError):  # ESRCH: the last one it reached was exiting
+        os.kill(-1, signal.SIGSTOP)
+    try:
+        for _ in range(100):  # forks in flight end with their child stopped too
+            time.sleep(0.001)
+            now = set(_pids())
+            if now == listed:
+                break
+            listed = now
+        for entry in listed:
+            if int(entry) not in keep and _to_end(entry, since, after_pid):
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry), signal.SIGKILL)
+                ended.add(entry)
+    finally:
+        me = str(os.getpid())
+        for entry in (listed or set(_pids())) - ended - stopped - {me}:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGCONT)
+    return ended
+
+
+def _scanning_round(keep: set, since: int, after_pid: int) -> set:
+    """One sweep without a freeze (no lock, or not in a sandbox's own pid namespace):
+    stop what ``_to_end`` says as it is read, then kill it. Races a lineage that forks
+    faster than a scan reads ``/proc``; ``end_leftovers`` repeats it."""
+    import signal
+
+    found = set()
+    for entry in _pids():
+        if int(entry) not in keep and _to_end(entry, since, after_pid):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGSTOP)
+            found.add(entry)
+    for entry in found:
+        with contextlib.suppress(OSError):
+            os.kill(int(entry), signal.SIGKILL)
+    return found
 
 
 def end_leftovers(mark=None) -> int:  # noqa: ANN001
@@ -550,11 +650,12 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
     but whose ``/proc`` entry cannot be read or parsed is ended (fail closed: a trial's
     leftover named itself in bytes that are not UTF-8 and was taken for gone).
 
-    Rounds repeat until a scan finds none (a process forked mid-round is caught by the
-    next) or ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does nothing
-    when the task declared ``children_privileged`` (its children keep the capability) or
-    this process lacks it."""
-    import signal
+    In a sandbox (a pid namespace of its own) under ``SWEEP_LOCK``, each round runs with
+    every other process stopped (``_frozen_round``); otherwise a round scans
+    (``_scanning_round``), at least ``LEFTOVER_MIN_ROUNDS`` times. Rounds repeat until one
+    ends none, or ``LEFTOVER_DEADLINE_S`` passes. Returns how many were signalled. Does
+    nothing when the task declared ``children_privileged`` (its children keep the
+    capability) or this process lacks it."""
     import time
 
     if os.environ.get("CRUCIBLE_CHILDREN_PRIVILEGED") == "1":
@@ -571,19 +672,40 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
         keep.add(pid)
         up = _status(str(pid))
         pid = up[1] if isinstance(up, tuple) else 0
+    lock = _sweep_lock() if _can_freeze() else None
     ended: set = set()
-    deadline = time.monotonic() + LEFTOVER_DEADLINE_S
+    rounds, deadline = 0, time.monotonic() + LEFTOVER_DEADLINE_S
     while time.monotonic() < deadline:
-        found = [int(e) for e in _pids() if int(e) not in keep and _to_end(e, since, after_pid)]
-        if not found:
-            break
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for pid in found:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, sig)
+        rounds += 1
+        if lock is not None and _locked(lock, deadline):
+            try:
+                found = _frozen_round(keep, since, after_pid)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            if not found:
+                break
+        else:
+            found = _scanning_round(keep, since, after_pid)
+            if not found and rounds >= LEFTOVER_MIN_ROUNDS:
+                break
         ended.update(found)
-        time.sleep(0.005)
+        time.sleep(0.002)
     return len(ended)
+
+
+def _locked(fd: int, deadline: float) -> bool:
+    """Take the sweep lock (another judge of the run holds it only for its own round: two
+    freezes at once would stop each other), or False at the deadline."""
+    import time
+
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
 
 
 def _watched(channel):  # noqa: ANN001, ANN202
