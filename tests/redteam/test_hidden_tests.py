@@ -37,4 +37,4 @@ def test_the_tests_children_cannot_reach_the_hidden_tests(
     sh(stack, ep, "echo ok > /app/answer.txt")
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (reward, "ok"), rec["verifier"]
-    assert rec["reward_components"]["tests_total"] == 5
+    assert rec["reward_components"]["tests_total"] == 6

@@ -316,8 +316,9 @@ def _pristine_plugins() -> list:
 # DAC_OVERRIDE 1, DAC_READ_SEARCH 2, FOWNER 3, SETGID 6, SETUID 7. The tests and the key
 # file belong to a user nobody runs as, mode 0700/0600: without these a child, even as
 # root, can neither read them nor chmod, chown or become their owner; and with
-# ``no-new-privileges`` (every sandbox) an ``execve`` never gives them back.
-_CHILD_DROPS = (0, 1, 2, 3, 6, 7)
+# ``no-new-privileges`` (every sandbox) an ``execve`` never gives them back. SETPCAP 8 too
+# (the judge needs it to narrow its bounding set; the children never had it before).
+_CHILD_DROPS = (0, 1, 2, 3, 6, 7, 8)
 _CAP_VERSION_3 = 0x20080522
 
 
@@ -358,6 +359,8 @@ def _restrict_children() -> None:
         if capset(ctypes.byref(header), data) != 0:
             os._exit(126)
 
+    if not _bound_execs(libc, capget, capset, header, data, mask):
+        _route_spawns(subprocess)
     os.register_at_fork(after_in_child=drop)
     popen_init = subprocess.Popen.__init__
 
@@ -396,6 +399,62 @@ def _restrict_children() -> None:
     os.system = system
     if hasattr(os, "posix_spawn"):
         os.posix_spawn, os.posix_spawnp = spawn, spawnp
+
+
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+
+
+def _bound_execs(libc, capget, capset, header, data, mask: int) -> bool:  # noqa: ANN001
+    """Make the kernel refuse ``_CHILD_DROPS`` to every program this process and its
+    descendants ``execve``, whatever started it (``multiprocessing``'s spawn and forkserver
+    workers start through ``_posixsubprocess.fork_exec`` with no hook of ours: a trial's
+    worker read the hidden tests). For a uid-0 ``execve`` the new permitted set is
+    (inheritable & the file's inheritable) | the bounding set | ambient, so they leave the
+    bounding set (``PR_CAPBSET_DROP``, which needs ``CAP_SETPCAP``: every sandbox has it,
+    ``docker.DEFAULT_CAP_ADD``), the inheritable set and the ambient set. This process
+    keeps them (the bounding set limits only what an ``execve`` gives); a fork that does
+    not exec still needs the at-fork hook. False (nothing changed in the bounding set)
+    when the kernel refused."""
+    import ctypes
+
+    for cap in _CHILD_DROPS:
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            sys.stderr.write(
+                "crucible_observer: cannot drop capabilities from the bounding set "
+                f"({os.strerror(err)}); routing multiprocessing's starts instead\n"
+            )
+            return False
+    header.version, header.pid = _CAP_VERSION_3, 0
+    if capget(ctypes.byref(header), data) == 0:
+        data[0].inheritable &= mask
+        capset(ctypes.byref(header), data)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    return True
+
+
+def _route_spawns(subprocess) -> None:  # noqa: ANN001
+    """Where the bounding set could not be narrowed (a sandbox without ``CAP_SETPCAP``):
+    ``multiprocessing``'s exec'd starts (spawn workers, the forkserver) go through
+    ``subprocess``, whose ``preexec_fn`` drops the capabilities."""
+    try:
+        from multiprocessing import util
+    except ImportError:  # pragma: no cover
+        return
+
+    def spawnv_passfds(path, args, passfds) -> int:  # noqa: ANN001
+        proc = subprocess.Popen(
+            list(args),
+            executable=path,
+            close_fds=True,
+            pass_fds=tuple(sorted(map(int, passfds))),
+            restore_signals=False,
+        )
+        proc.returncode = 0  # multiprocessing waits for it by pid; subprocess must not
+        return proc.pid
+
+    util.spawnv_passfds = spawnv_passfds
 
 
 _CAP_DAC_OVERRIDE = 1 << 1
