@@ -672,21 +672,43 @@ def _frozen_round(keep: set, since: int, after_pid: int) -> set:
     return ended
 
 
-def _scanning_round(keep: set, since: int, after_pid: int) -> set:
-    """One sweep without a freeze (no lock, or not in a sandbox's own pid namespace):
-    stop what ``_to_end`` says as it is read, then kill it. Races a lineage that forks
-    faster than a scan reads ``/proc``; ``end_leftovers`` repeats it."""
+def _scanning_round(keep: set, since: int, after_pid: int, kept: dict) -> set:
+    """One sweep without a freeze (no lock, or not in a sandbox's own pid namespace). A pid
+    above the mark's that is not known to be kept is stopped as soon as it is listed,
+    before its entry is read (a lineage that forks faster than a scan reads ``/proc`` is
+    listed, then gone, before it is judged), then judged: killed, or continued when kept
+    (remembered in ``kept`` by its start, so a later round leaves it running). Other pids
+    are judged first. Still races such a lineage (a member may fork between the listing
+    and its stop); ``end_leftovers`` repeats it."""
     import signal
 
-    found = set()
-    for entry in _pids():
-        if int(entry) not in keep and _to_end(entry, since, after_pid):
+    found, held = set(), []
+    entries = sorted(_pids(), key=int, reverse=True)  # the newest first
+    for entry in entries:
+        pid = int(entry)
+        if pid > after_pid and pid not in keep and pid not in kept:
             with contextlib.suppress(OSError):
-                os.kill(int(entry), signal.SIGSTOP)
+                os.kill(pid, signal.SIGSTOP)
+                held.append(entry)
+    for entry in entries:
+        pid = int(entry)
+        if pid in keep or (pid in kept and kept[pid] == _started(entry)):
+            continue
+        if _to_end(entry, since, after_pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
             found.add(entry)
+        elif entry in held:
+            born = _started(entry)
+            if isinstance(born, int):
+                kept[pid] = born
     for entry in found:
         with contextlib.suppress(OSError):
             os.kill(int(entry), signal.SIGKILL)
+    for entry in held:
+        if entry not in found:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGCONT)
     return found
 
 
@@ -733,6 +755,7 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
         pid = up[1] if isinstance(up, tuple) else 0
     lock = _sweep_lock() if _can_freeze() else None
     ended: set = set()
+    kept: dict = {}  # pid -> start: kept by an earlier scanning round
     rounds, deadline = 0, time.monotonic() + LEFTOVER_DEADLINE_S
     while time.monotonic() < deadline:
         rounds += 1
@@ -744,7 +767,7 @@ def end_leftovers(mark=None) -> int:  # noqa: ANN001
             if not found:
                 break
         else:
-            found = _scanning_round(keep, since, after_pid)
+            found = _scanning_round(keep, since, after_pid, kept)
             if not found and rounds >= LEFTOVER_MIN_ROUNDS:
                 break
         ended.update(found)
