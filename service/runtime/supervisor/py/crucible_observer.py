@@ -665,11 +665,24 @@ def _frozen_round(keep: set, since: int, after_pid: int) -> set:
                     os.kill(int(entry), signal.SIGKILL)
                 ended.add(entry)
     finally:
-        me = str(os.getpid())
-        for entry in (listed or set(_pids())) - ended - stopped - {me}:
-            with contextlib.suppress(OSError):
-                os.kill(int(entry), signal.SIGCONT)
+        _continue(listed, ended | stopped | {str(os.getpid())})
     return ended
+
+
+def _continue(listed: set, skip: set) -> None:
+    """``SIGCONT`` to what a freeze stopped: each of ``listed`` but ``skip``, or, when the
+    listing failed, every process (a sandbox left stopped would hang the test command)."""
+    import signal
+
+    try:
+        targets = (listed or set(_pids())) - skip
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGCONT)
+        return
+    for entry in targets:
+        with contextlib.suppress(OSError):
+            os.kill(int(entry), signal.SIGCONT)
 
 
 def _scanning_round(keep: set, since: int, after_pid: int, kept: dict) -> set:
