@@ -445,3 +445,46 @@ def test_a_lineage_that_forks_faster_than_a_scan_is_still_ended(
     out = (res.stdout + res.stderr).decode(errors="replace")
     assert out.count("started True") == runs, out
     assert "survived True" not in out, out
+
+
+# What a freeze keeps runs on: a fixture's server that forks all the time (a child forked
+# while the sandbox froze must not be left stopped: the server would wait for it forever),
+# and a process a test stopped stays stopped.
+KEPT_JUDGE = (
+    OBSERVER
+    + r"""
+import os, signal, subprocess, time
+c.SWEEP_LOCK = "/tmp/.crucible-sweep.lock"
+c._restrict_children()
+def beat():
+    try:
+        return open("/tmp/.server-beat").read()
+    except OSError:
+        return ""
+loop = "while :; do /bin/true; date +%s%N > /tmp/.server-beat; done"
+server = subprocess.Popen(["bash", "-c", loop])
+held = subprocess.Popen(["sleep", "300"])
+os.kill(held.pid, signal.SIGSTOP)
+time.sleep(0.3)
+codes = set()
+for _ in range(40):
+    mark = c.leftover_mark()
+    child = subprocess.Popen(["sleep", "300"])
+    c.end_leftovers(mark)
+    codes.add(child.wait(5))
+before = beat()
+time.sleep(0.5)
+state = open(f"/proc/{held.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+print("children", sorted(codes), "server beating", beat() != before, "held", state)
+"""
+)
+
+
+def test_what_a_freeze_keeps_runs_on(docker_runtime: Any, make_sandbox: Any) -> None:
+    from service.runtime.base import ExecRequest
+
+    cid = make_sandbox()
+    judge = ExecRequest(cmd=["python3", "-c", KEPT_JUDGE], user="0", timeout_s=120)
+    res = docker_runtime.exec(cid, judge)
+    out = (res.stdout + res.stderr).decode(errors="replace")
+    assert "children [-9] server beating True held T" in out, out

@@ -633,39 +633,62 @@ def _to_end(entry: str, since: int, after_pid: int) -> bool:
     return not st[2] & _CAP_DAC_OVERRIDE and _live(entry, st[0])
 
 
+def _state(entry: str):  # noqa: ANN202
+    """The state letter of ``entry`` (``/proc/<pid>/stat`` field 3, bytes), or None."""
+    data = _read(f"/proc/{entry}/stat")
+    if not isinstance(data, bytes):
+        return None
+    fields = data.rsplit(b")", 1)[-1].split()
+    return fields[0] if fields else None
+
+
+# States a process keeps under a freeze: stopped (or traced), dead, or in an uninterruptible
+# wait (a vfork parent waits so for its stopped child). A process still running or waking
+# (R, S) has the stop pending: it may be in the middle of a fork.
+_SETTLED = (b"T", b"t", b"Z", b"X", b"D", None)
+
+
 def _frozen_round(keep: set, since: int, after_pid: int) -> set:
     """One sweep with every other process of the sandbox stopped: ``kill(-1, SIGSTOP)`` is
     one signal to all of them, and the kernel gives a signal sent to many processes also
     to a child being forked meanwhile, so no lineage forks its way out between a listing
     and a kill (a trial's lineage cloned and exited every ~25 us and was never seen alive
-    by a scan). Lists ``/proc`` until two listings agree, kills what ``_to_end`` says, and
-    continues the rest, except what was already stopped before (a test's stopped process
-    stays stopped)."""
+    by a scan). ``/proc`` is listed until two listings agree and every process in them has
+    stopped (a parent still in ``fork`` has not; its child shows in the next listing),
+    then what ``_to_end`` says is killed, and the rest continued, except what was already
+    stopped before (a test's stopped process stays stopped). A child that shows only after
+    the freeze (a fork slower than the wait) is judged then."""
     import signal
     import time
 
-    stopped = set()
-    for entry in _pids():  # what was stopped before the freeze stays stopped after it
-        data = _read(f"/proc/{entry}/stat")
-        if isinstance(data, bytes) and data.rsplit(b")", 1)[-1].split()[:1] in ([b"T"], [b"t"]):
-            stopped.add(entry)
+    stopped = {e for e in _pids() if _state(e) in (b"T", b"t")}  # stays stopped after it
     ended, listed = set(), set()
+    me, settle_by = str(os.getpid()), time.monotonic() + 1.0
     with contextlib.suppress(OSError):  # ESRCH: the last one it reached was exiting
         os.kill(-1, signal.SIGSTOP)
     try:
-        for _ in range(100):  # forks in flight end with their child stopped too
-            time.sleep(0.001)
+        while True:
             now = set(_pids())
-            if now == listed:
+            moving = [e for e in now if e not in (me, "1") and _state(e) not in _SETTLED]
+            if (now == listed and not moving) or time.monotonic() > settle_by:
+                listed = now
                 break
             listed = now
+            time.sleep(0.0005)
         for entry in listed:
             if int(entry) not in keep and _to_end(entry, since, after_pid):
                 with contextlib.suppress(OSError):
                     os.kill(int(entry), signal.SIGKILL)
                 ended.add(entry)
     finally:
-        _continue(listed, ended | stopped | {str(os.getpid())})
+        _continue(listed, ended | stopped | {me})
+    for entry in set(_pids()) - listed - stopped:  # stopped by the freeze, shown late
+        if _state(entry) in (b"T", b"t"):
+            late = int(entry) not in keep and _to_end(entry, since, after_pid)
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL if late else signal.SIGCONT)
+            if late:
+                ended.add(entry)
     return ended
 
 
