@@ -119,8 +119,15 @@ LABEL_DISK = "crucible.disk_bytes"  # the writable layer's budget (``diskwatch``
 
 # Capabilities a sandbox's root keeps: enough for package managers, chown/chmod of any file,
 # switching to an unprivileged user (apt's _apt sandbox, su-less setuid in tools), signalling
-# its own processes and binding ports below 1024. Dropped on purpose (Docker keeps them by
-# default): MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT, AUDIT_WRITE.
+# its own processes and binding ports below 1024; SETPCAP so the verifier's judge can drop
+# capabilities from its bounding set (``crucible_observer._bound_execs``: no program its
+# tests exec gets them back, whatever API started it). SETPCAP gives a process nothing over
+# another: with file capabilities (every kernel since 2.6.33) it only shrinks the holder's
+# own bounding set, sets its own securebits, and raises its inheritable set within its
+# bounding set, which for root here equals its permitted set (``cap_drop=ALL`` then these),
+# so it cannot raise what root could not already have. Dropped on purpose (Docker keeps
+# them by default): MKNOD, NET_RAW, SETFCAP, SYS_CHROOT, AUDIT_WRITE. (The verifier's
+# pristine sandbox comes from the same warm pool as the agent's, so both have it.)
 DEFAULT_CAP_ADD = (
     "CHOWN",
     "DAC_OVERRIDE",
@@ -129,6 +136,7 @@ DEFAULT_CAP_ADD = (
     "KILL",
     "NET_BIND_SERVICE",
     "SETGID",
+    "SETPCAP",
     "SETUID",
 )
 

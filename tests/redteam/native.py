@@ -42,15 +42,26 @@ __attribute__((constructor)) static void steal(void) {
 
 
 @functools.cache
+def compile_static(source: str) -> bytes:
+    """The bytes of ``source`` (C) built as a static executable (``gcc -static``), the way
+    an agent brings a program that needs no loader."""
+    return _compile(source, "-static -O2")
+
+
+@functools.cache
 def compile_shared(source: str) -> bytes:
     """The bytes of ``source`` (C) built as a shared object (``gcc -shared -fPIC``).
 
     Raises ``docker.errors.ContainerError`` when it does not compile, ``ImageNotFound``
     when the supervisor's build image is missing (``DockerRuntime.ensure_ready`` builds it).
     """
+    return _compile(source, "-shared -fPIC -O2")
+
+
+def _compile(source: str, flags: str) -> bytes:
     image = f"{SUPERVISOR_BUILD_REPOSITORY}:{supervisor_source_hash()}"
     script = (
-        'echo "$SRC" | base64 -d > /tmp/s.c && gcc -shared -fPIC -O2 -o /tmp/s.so /tmp/s.c '
+        f'echo "$SRC" | base64 -d > /tmp/s.c && gcc {flags} -o /tmp/s.so /tmp/s.c '
         "&& base64 /tmp/s.so"  # short lines: the engine splits log lines at 16 KiB
     )
     out = docker.from_env().containers.run(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from service import rewards
 from service.tasks.loader import load_suite
 from tests.integration.api.conftest import Stack
 from tests.redteam import episodes
@@ -37,4 +38,9 @@ def test_the_tests_children_cannot_reach_the_hidden_tests(
     sh(stack, ep, "echo ok > /app/answer.txt")
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (reward, "ok"), rec["verifier"]
-    assert rec["reward_components"]["tests_total"] == 5
+    assert rec["reward_components"]["tests_total"] == 6
+    # trial 26: workers that spawn and forkserver start (and a raw fork's exec) keep no
+    # capabilities, unless the task declared its children privileged
+    tests = rewards.by_episode(stack.ctx.db, ep["id"]).verifier.details["private"]["tests"]
+    outcome = tests["test_outputs.py::test_processes_started_by_any_api_are_restricted"]
+    assert outcome == ("passed" if reward == 1.0 else "failed"), tests

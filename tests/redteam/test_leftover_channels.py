@@ -277,3 +277,214 @@ def test_a_process_whose_leader_ended_alone_is_still_ended(
     assert "leader Z live True" in out, out  # what the sweep saw before as gone
     assert "ended 1" in out and "live False beating False" in out, out
     assert "wrapped ended 1" in out, out
+
+
+# Trial 26: a leftover whose name is not UTF-8 (a write to /proc/self/comm, or the exec of a
+# file named so) made the judge's text read of /proc/<pid>/status raise, and the sweep took
+# it for gone. Any read or parse failure of a pid that still exists is now ended.
+COMM_JUDGE = (
+    OBSERVER
+    + r"""
+import os, shutil, subprocess, time
+c._restrict_children()
+shutil.copy("/bin/sleep", b"/tmp/\xff\xfe")
+mark = c.leftover_mark()
+named = subprocess.Popen(["python3", "-c",
+    "open('/proc/self/comm', 'wb').write(b'\\xff\\xfe'); import time; time.sleep(300)"])
+execd = subprocess.Popen([b"/tmp/\xff\xfe", "301"])
+time.sleep(0.5)
+print("parsed", isinstance(c._status(str(named.pid)), tuple),
+      isinstance(c._status(str(execd.pid)), tuple))
+print("ended", c.end_leftovers(mark))
+time.sleep(0.2)
+print("named", named.poll(), "execd", execd.poll())
+"""
+)
+
+
+def test_a_leftover_named_in_bytes_that_are_not_utf8_is_still_ended(
+    docker_runtime: Any, make_sandbox: Any
+) -> None:
+    from service.runtime.base import ExecRequest
+
+    cid = make_sandbox()
+    res = docker_runtime.exec(
+        cid, ExecRequest(cmd=["python3", "-c", COMM_JUDGE], user="0", timeout_s=60)
+    )
+    out = (res.stdout + res.stderr).decode(errors="replace")
+    assert "parsed True True" in out, out
+    assert "ended 2" in out and "named -9 execd -9" in out, out
+
+
+# Trial 26: a lineage that never stays one pid (each member clone(CLONE_VM)s its successor
+# and exits, ~25 us a generation, pinned off the judge's CPU) was never seen alive from a
+# scan's listing to its reads, and the sweep stopped after the first round that found
+# nothing (7 of 8 runs survived every sweep). A round now freezes the sandbox with one
+# signal to every process (a child being forked gets it too), then reads /proc.
+HYDRA = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+#define K 512
+#define SZ (64 * 1024)
+static volatile unsigned long *gens;
+static double *until;
+static char (*stacks)[SZ];
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+static int member(void *arg) {
+    long idx = (long)arg;
+    for (;;) {
+        unsigned long g = ++*gens;
+        double t0 = now();
+        if (t0 >= *until) break;
+        while (now() - t0 < 25e-6) { }
+        if (g % 256 == 0) {  /* the heartbeat: proof the lineage still runs */
+            int fd = open("/tmp/.hydra-beat", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0) { char b[32]; write(fd, b, snprintf(b, sizeof b, "%lu\n", g)); close(fd); }
+        }
+        long next = (idx + 1) % K;
+        if (clone(member, stacks[next] + SZ, CLONE_VM | SIGCHLD, (void *)next) > 0)
+            syscall(SYS_exit, 0);
+    }
+    syscall(SYS_exit, 0);
+    return 0;
+}
+static void pin(int judge) {  /* the judge on the first CPU, the lineage on the second */
+    cpu_set_t all, a, b;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return;
+    int first = -1, second = -1;
+    for (int c = 0; c < CPU_SETSIZE && second < 0; c++)
+        if (CPU_ISSET(c, &all)) { if (first < 0) first = c; else second = c; }
+    if (second < 0) return;
+    CPU_ZERO(&a); CPU_SET(first, &a); CPU_ZERO(&b); CPU_SET(second, &b);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", judge);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (e->d_name[0] >= '1' && e->d_name[0] <= '9')
+            sched_setaffinity(atoi(e->d_name), sizeof a, &a);
+    if (d) closedir(d);
+    sched_setaffinity(0, sizeof b, &b);
+}
+int main(int argc, char **argv) {
+    void *shared = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    gens = shared;
+    until = (double *)((char *)shared + 64);
+    stacks = mmap(0, (size_t)K * SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    pin(atoi(argv[1]));
+    *until = now() + atof(argv[2]);
+    setsid();
+    signal(SIGHUP, SIG_IGN);
+    if (fork() == 0) { member((void *)0L); _exit(0); }
+    return 0;
+}
+"""
+HYDRA_JUDGE = (
+    OBSERVER
+    + r"""
+import os, subprocess, time
+c.SWEEP_LOCK = "/tmp/.crucible-sweep.lock"  # the judge's is in /logs, made as it starts
+c._restrict_children()
+def beat():
+    try:
+        return open("/tmp/.hydra-beat").read()
+    except OSError:
+        return ""
+started_runs = 0
+for run in range(2 * RUNS):  # a run whose lineage has not begun in 5 s (a loaded host) is retried
+    if os.path.exists("/tmp/.hydra-beat"):
+        os.unlink("/tmp/.hydra-beat")
+    mark = c.leftover_mark()
+    rc = subprocess.run(["/tmp/hydra", str(os.getpid()), "2"]).returncode
+    for _ in range(500):
+        time.sleep(0.01)
+        if beat():
+            break
+    started = beat() != ""
+    c.end_leftovers(mark)
+    time.sleep(0.2)
+    before = beat()
+    time.sleep(0.3)
+    print("run", run, "rc", rc, "started", started, "survived", beat() != before, flush=True)
+    time.sleep(2)  # the lineage's time is up either way
+    started_runs += started
+    if started_runs == RUNS:
+        break
+"""
+)
+
+
+def test_a_lineage_that_forks_faster_than_a_scan_is_still_ended(
+    docker_runtime: Any, make_sandbox: Any
+) -> None:
+    from service.runtime.base import ExecRequest
+    from tests.redteam.native import compile_static
+
+    cid = make_sandbox()
+    hydra = compile_static(HYDRA)
+    put = ExecRequest(cmd="cat > /tmp/hydra && chmod 755 /tmp/hydra", stdin=hydra, user="0")
+    assert docker_runtime.exec(cid, put).exit_code == 0
+    runs = 8  # the scanning sweep lost 1 to 6 of 8 such runs
+    code = HYDRA_JUDGE.replace("RUNS", str(runs))
+    judge = ExecRequest(cmd=["python3", "-c", code], user="0", timeout_s=120)
+    res = docker_runtime.exec(cid, judge)
+    out = (res.stdout + res.stderr).decode(errors="replace")
+    assert out.count("started True") == runs, out
+    assert "survived True" not in out, out
+
+
+# What a freeze keeps runs on: a fixture's server that forks all the time (a child forked
+# while the sandbox froze must not be left stopped: the server would wait for it forever),
+# and a process a test stopped stays stopped.
+KEPT_JUDGE = (
+    OBSERVER
+    + r"""
+import os, signal, subprocess, time
+c.SWEEP_LOCK = "/tmp/.crucible-sweep.lock"
+c._restrict_children()
+def beat():
+    try:
+        return open("/tmp/.server-beat").read()
+    except OSError:
+        return ""
+loop = "while :; do /bin/true; date +%s%N > /tmp/.server-beat; done"
+server = subprocess.Popen(["bash", "-c", loop])
+held = subprocess.Popen(["sleep", "300"])
+os.kill(held.pid, signal.SIGSTOP)
+time.sleep(0.3)
+codes = set()
+for _ in range(40):
+    mark = c.leftover_mark()
+    child = subprocess.Popen(["sleep", "300"])
+    c.end_leftovers(mark)
+    codes.add(child.wait(5))
+before = beat()
+time.sleep(0.5)
+state = open(f"/proc/{held.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+print("children", sorted(codes), "server beating", beat() != before, "held", state)
+"""
+)
+
+
+def test_what_a_freeze_keeps_runs_on(docker_runtime: Any, make_sandbox: Any) -> None:
+    from service.runtime.base import ExecRequest
+
+    cid = make_sandbox()
+    judge = ExecRequest(cmd=["python3", "-c", KEPT_JUDGE], user="0", timeout_s=120)
+    res = docker_runtime.exec(cid, judge)
+    out = (res.stdout + res.stderr).decode(errors="replace")
+    assert "children [-9] server beating True held T" in out, out

@@ -43,3 +43,34 @@ def test_uptime_ticks_are_exact_for_every_centisecond() -> None:
     assert (got["one_decimal"], got["whole"]) == (550, 4200)
     last_pid, ticks = got["mark"]
     assert last_pid > 0 and ticks > 0
+
+
+# Trial 26: a process named in bytes that are not UTF-8 made the text read of its status
+# raise, and the sweep took it for gone. Read here only (the sweep itself runs in a sandbox).
+NAMED = """
+import json, subprocess, sys, time
+sys.path.insert(0, {py!r})
+import crucible_observer as c
+p = subprocess.Popen([sys.executable, "-c",
+    "open('/proc/self/comm', 'wb').write(b'\\\\xff\\\\xfe'); import time; time.sleep(30)"])
+time.sleep(0.5)
+st, born = c._status(str(p.pid)), c._started(str(p.pid))
+p.kill()
+p.wait()
+print(json.dumps({{"status": list(st) if isinstance(st, tuple) else repr(st),
+                   "started": isinstance(born, int),
+                   "gone": repr(c._status(str(p.pid)))}}))
+"""
+
+
+def test_a_process_named_in_bytes_that_are_not_utf8_is_read() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", NAMED.format(py=str(PY))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    got = json.loads(out)
+    assert isinstance(got["status"], list) and got["status"][0] in "RSD", got
+    assert got["started"] is True
+    assert got["gone"] == "None"  # reaped: ENOENT
