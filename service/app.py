@@ -175,5 +175,5 @@ def create_app(
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(tracing.TracingMiddleware)  # a pass-through unless tracing is on
     app.add_middleware(logs.RequestIdMiddleware)  # every answer carries its id
-    app.add_middleware(fastlane.ExecLane)  # outermost: one-shot execs, the rest passed on
+    app.add_middleware(fastlane.FastLane)  # outermost: one-shot execs, leases; the rest passed on
     return app

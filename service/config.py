@@ -199,11 +199,12 @@ class Settings(BaseSettings):
         description='Per-tenant request rates, e.g. \'{"team-a": {"rps": 5, "burst": 10}}\'; '
         "null for a tenant exempts it from rate_limit. Shared across replicas via Redis.",
     )
-    exec_fast_lane: bool = Field(
+    fast_lane: bool = Field(
         True,
-        description="Serve one-shot POST /v1/sandboxes/{id}/exec through the exec lane "
-        "(service.api.fastlane: no routing or dependency resolution per request; the same "
-        "checks, answers and audit event). false: every exec goes through the full stack.",
+        description="Serve one-shot POST /v1/sandboxes/{id}/exec and POST /v1/sandboxes "
+        "(lease) through the fast lane (service.api.fastlane: no routing or dependency "
+        "resolution per request; the same checks, answers and audit events). false: every "
+        "request goes through the full stack. (Was exec_fast_lane, CRUCIBLE_EXEC_FAST_LANE.)",
     )
     key_cache_ttl_s: float = Field(
         5.0,

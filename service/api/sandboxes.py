@@ -125,9 +125,25 @@ async def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> Re
     """Lease a sandbox from the template's warm pool (a cold start only when it is empty).
 
     On the event loop: the claim's group commit is awaited without holding a worker thread
-    (``sandboxes.lease_async``). The answer is serialized here, once (``SandboxOut`` built
-    from the row, then its JSON: the same body FastAPI's ``response_model`` path gives, which
-    would validate and encode it again)."""
+    (``sandboxes.lease_async``). The answer is serialized once (``lease_json``). Also served
+    by the fast lane (``service.api.fastlane``) without this route's routing and
+    dependencies; both call ``lease_json``."""
+    return Response(
+        await lease_json(ctx, principal, body),
+        status_code=status.HTTP_201_CREATED,
+        media_type="application/json",
+    )
+
+
+async def lease_json(ctx: ServiceContext, principal: Principal, body: LeaseRequest) -> bytes:
+    """Lease per ``body`` (``sandboxes.lease_async``: its audit event durable before it
+    returns) and return the sandbox's ``SandboxOut`` as JSON bytes: the same body FastAPI's
+    ``response_model`` path gives, built once (that path would validate and encode it again).
+
+    Raises:
+        CrucibleError: what ``lease_async`` raises (404 unknown template, 400 bad limits or
+        TTL, 429 over quota, 502/503...), each answered as problem+json by the caller.
+    """
     limits = body.limits
     row = await sandboxes.lease_async(
         ctx,
@@ -138,11 +154,7 @@ async def lease(body: LeaseRequest, ctx: Ctx, principal: CurrentPrincipal) -> Re
         cpus=limits.cpus if limits else None,
         memory_mb=limits.memory_mb if limits else None,
     )
-    return Response(
-        sandbox_out(row).model_dump_json(),
-        status_code=status.HTTP_201_CREATED,
-        media_type="application/json",
-    )
+    return sandbox_out(row).model_dump_json().encode()
 
 
 @router.get("", response_model=SandboxList)
@@ -177,7 +189,7 @@ async def exec_(
 
     Runs on the event loop: the one-shot path awaits the channel and the audit's group
     commit (``sandboxes.exec_command_async``); what blocks (a ``user`` check, the streaming
-    start) goes to a worker thread. The one-shot path is also served by the exec lane
+    start) goes to a worker thread. The one-shot path is also served by the fast lane
     (``service.api.fastlane``) without this route's routing and dependencies; both call
     ``exec_json``."""
     if not stream:

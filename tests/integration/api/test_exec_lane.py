@@ -62,7 +62,7 @@ def _both(
     fast = send("parity-lane")
     n = fastlane.stats.served - served
     with monkeypatch.context() as m:
-        m.setattr(lane.ctx.settings, "exec_fast_lane", False)
+        m.setattr(lane.ctx.settings, "fast_lane", False)
         full = send("parity-full")
     assert fastlane.stats.served - served == n  # the reference run never took the lane
     return fast, full, n
