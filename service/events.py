@@ -108,6 +108,26 @@ def note_written(session: Session, obj: object) -> None:
         session.info.setdefault(_INFO_KEY, []).append(ev)
 
 
+def note_audit(session: Session, fields: dict[str, Any]) -> None:
+    """Queue the stream's view of an audit event appended with Core statements
+    (``audit.record``: ``fields`` are its ``seq``, ``ts``, ``tenant_id``, ``key_id``,
+    ``action``, ``sandbox_id`` and ``details``), as ``note_written`` would for the row, for
+    publication when ``session`` commits."""
+    if fields["action"] in QUIET or _bus_of(session) is None:
+        return
+    session.info.setdefault(_INFO_KEY, []).append(
+        {
+            "action": fields["action"],
+            "seq": fields["seq"],
+            "ts": fields["ts"],
+            "tenant_id": fields["tenant_id"],
+            "key_id": fields["key_id"],
+            "sandbox_id": fields["sandbox_id"],
+            "details": fields["details"],
+        }
+    )
+
+
 @event.listens_for(Session, "after_commit")
 def _publish(session: Session) -> None:
     events = session.info.pop(_INFO_KEY, None)

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import audit, tenants, tracing
 from service.context import ServiceContext
-from service.db.models import AuditEvent, Sandbox, Snapshot, utcnow
+from service.db.models import Sandbox, Snapshot, utcnow
 from service.errors import (
     Conflict,
     CrucibleError,
@@ -600,7 +600,7 @@ def _exec_event(
     error: str | None = None,
     *,
     cancelled: bool = False,
-) -> Callable[[Session], AuditEvent]:
+) -> Callable[[Session], audit.Appended]:
     """The unit of work that appends one ``sandbox.exec`` event (for ``ctx.commits``)."""
     cmd = req.cmd if isinstance(req.cmd, str) else " ".join(req.cmd)
     details: dict[str, Any] = {
@@ -630,7 +630,7 @@ def _exec_event(
     if cancelled:
         details["cancelled"] = True
 
-    def append(s: Session) -> AuditEvent:
+    def append(s: Session) -> audit.Appended:
         return audit.record(
             s,
             "sandbox.exec",
