@@ -115,9 +115,13 @@ def _session_client(srv: Served, sandbox_id: str, session_id: str) -> Callable[[
     return run
 
 
-def burst(srv: Served, c: httpx.Client, n: int, console: Console) -> Series:
+def burst(
+    srv: Served, c: httpx.Client, n: int, console: Console, cpu: list[float] | None = None
+) -> Series:
     """Latency of each of ``n`` leases sent at once, the pool's target set to ``n`` and all
-    warm first (pools sized from demand); every sandbox is released afterwards."""
+    warm first (pools sized from demand); every sandbox is released afterwards. ``cpu``
+    gets the server's CPU seconds (all threads) from the first request sent to the last
+    answer (less distorted by a shared host's load than the latencies)."""
     c.put("/v1/pools/terminal", json={"target_size": n}).raise_for_status()
     deadline = time.monotonic() + 900
     with console.status(f"filling the pool to {n}") as st:
@@ -147,7 +151,10 @@ def burst(srv: Served, c: httpx.Client, n: int, console: Console) -> Series:
                     raise RuntimeError(f"lease answered {status}: {payload[:300]!r}")
                 return ms, json.loads(payload)["id"]
 
+            c0 = cpu_s(srv.pid)
             out = await asyncio.gather(*(one(conn) for conn in conns))
+            if cpu is not None:
+                cpu.append(cpu_s(srv.pid) - c0)
         finally:
             for _, writer in conns:
                 writer.close()
