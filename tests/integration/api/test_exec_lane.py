@@ -1,7 +1,7 @@
 """Parity of the exec lane (``service.api.fastlane``) with the full stack it short-cuts.
 
 Every request is sent twice over real HTTP to one real control plane, first with the lane on
-and then with ``exec_fast_lane`` off (the route through routing, dependencies and every
+and then with ``fast_lane`` off (the route through routing, dependencies and every
 middleware, the reference), with the same ``X-Request-ID``: status, body (an exec's result
 less its timing), the headers that matter and the audit events must match, and the lane
 must have served exactly the requests it claims (a good body and a valid key) and passed
