@@ -17,9 +17,9 @@ method, path pattern, the body's pydantic model, the handler) are:
   ``IdempotencyMiddleware`` of the full stack handles those); tracing off;
   ``Settings.fast_lane`` on; exactly one ``Content-Length`` (at most ``max_body_bytes``), one
   ``Content-Type`` of ``application/json`` (optionally ``; charset=utf-8``), at most one
-  ``Authorization`` and ``X-Request-ID``; a UTF-8 body within ``max_json_depth`` that
-  ``json.loads`` reads and the route's model accepts (as FastAPI reads and validates it);
-  a key that authenticates.
+  ``Authorization``, ``X-Request-ID`` and ``Idempotency-Key``; a UTF-8 body within
+  ``max_json_depth`` that ``json.loads`` reads and the route's model accepts (as FastAPI
+  reads and validates it); a key that authenticates.
 - passed on (the full stack answers, with the body replayed as received): everything
   else, so every 400/401/413/422 of the request's shape comes from the reference path,
   and a refused key is audited there (``auth.failed``). Nothing is changed before a
@@ -52,7 +52,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import idempotency, logs, tracing
-from service.api.limits import declared_length, json_depth_exceeds
+from service.api.limits import SINGLE_HEADERS, declared_length, json_depth_exceeds
 from service.api.problems import crucible_error_response
 from service.api.sandboxes import exec_json, lease_json
 from service.context import ServiceContext
@@ -62,9 +62,12 @@ from service.schemas import ExecIn, LeaseRequest
 from service.tenants import Principal
 
 _JSON = frozenset({b"application/json", b"application/json; charset=utf-8"})
-# The request headers the lane reads; a request repeating one goes to the full stack
-# (whose parts disagree on which copy counts).
-_READ = frozenset({b"content-length", b"content-type", b"authorization", b"x-request-id"})
+# The request headers the lane reads, and those the full stack refuses twice
+# (``limits.SINGLE_HEADERS``: Idempotency-Key among them); a request repeating one goes to
+# the full stack (which answers it: 400 naming it, or the first copy of X-Request-ID).
+_READ = frozenset(
+    {b"content-length", b"content-type", b"authorization", b"x-request-id", *SINGLE_HEADERS}
+)
 _IDEMPOTENCY_KEY = idempotency.HEADER.encode()
 
 # (ctx, principal, the path's match, the validated body) -> the answer's JSON bytes
@@ -158,8 +161,8 @@ class FastLane:
                 if name in headers:
                     return await self._pass(scope, receive, send)
                 headers[name] = value
-            elif keyed and name.lower() == _IDEMPOTENCY_KEY:  # the full stack's middleware
-                return await self._pass(scope, receive, send)
+        if keyed and _IDEMPOTENCY_KEY in headers:  # the full stack's IdempotencyMiddleware
+            return await self._pass(scope, receive, send)
         declared = declared_length(headers.get(b"content-length"))
         if (
             declared is None
