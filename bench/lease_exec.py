@@ -11,9 +11,8 @@ Measures, on a real ``crucible serve`` (embedded SQLite, local engine):
   through two clients: httpx (what the SDK uses) and the standard library's
   ``http.client`` on a kept-alive connection (a lean client: the server's own time plus
   ~0.2 ms), in alternating blocks of 25; the same two clients against a second server in
-  the same run with the fast lane off (``CRUCIBLE_FAST_LANE=false``; an older tree's
-  ``CRUCIBLE_EXEC_FAST_LANE=false``: every exec through routing, dependencies and the
-  middlewares, as before the lane), the lane's baseline;
+  the same run with the fast lane off (``CRUCIBLE_FAST_LANE=false``: every exec through
+  routing, dependencies and the middlewares, as before the lane), the lane's baseline;
 - the server's CPU time (all threads) per exec, lane against full stack (less distorted by a
   shared host's load than wall time);
 - session command: ``POST /v1/sandboxes/{id}/sessions/{sid}/run`` of ``echo hi`` through
@@ -227,7 +226,7 @@ def main() -> None:
         full = during_execs.enter_context(
             serve(
                 '{"terminal": 1}',
-                env={"CRUCIBLE_FAST_LANE": "false", "CRUCIBLE_EXEC_FAST_LANE": "false"},
+                env={"CRUCIBLE_FAST_LANE": "false"},
             )
         )
         fc = during_execs.enter_context(full.client())

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -201,13 +201,10 @@ class Settings(BaseSettings):
     )
     fast_lane: bool = Field(
         True,
-        # CRUCIBLE_EXEC_FAST_LANE: its former name, still read (CRUCIBLE_FAST_LANE wins)
-        validation_alias=AliasChoices("fast_lane", "CRUCIBLE_FAST_LANE", "CRUCIBLE_EXEC_FAST_LANE"),
         description="Serve one-shot POST /v1/sandboxes/{id}/exec and POST /v1/sandboxes "
         "(lease) through the fast lane (service.api.fastlane: no routing or dependency "
         "resolution per request; the same checks, answers and audit events). false: every "
-        "request goes through the full stack. Was exec_fast_lane; CRUCIBLE_EXEC_FAST_LANE "
-        "is still read.",
+        "request goes through the full stack.",
     )
     key_cache_ttl_s: float = Field(
         5.0,
