@@ -10,13 +10,12 @@
   UTF-8 (RFC 8259 section 8.1) and nested at most ``max_json_depth`` levels; otherwise a
   400 naming the problem, before the parser (whose recursion a deep document would
   exhaust) runs.
-
 - A header that says one thing (``Content-Length``, ``Content-Type``, ``Authorization``,
   ``Idempotency-Key``) given twice is a 400 naming it: the layers read different copies
   (this middleware the last ``Content-Type``, FastAPI the first; the idempotency
   middleware filed a request under the last key's tenant while the route acted as the
   first's), so a duplicate walked around the UTF-8 and depth checks and crossed tenants'
-  idempotency records (trial 27).
+  idempotency records (trial 27). Checked on every route, uploads too.
 - A ``Content-Length`` is read by ``declared_length``, which never raises (``int()`` of
   4,301 leading zeros did: a 500 on every route, before authentication).
 
@@ -106,9 +105,7 @@ class RequestLimitsMiddleware:
         self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or any(
-            scope["method"].encode() == m and p.match(scope["path"]) for m, p in _OWN_LIMIT
-        ):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         repeated = repeated_header(scope["headers"])
@@ -122,6 +119,9 @@ class RequestLimitsMiddleware:
                 f"{name} is given more than once; give it once",
                 field=name,
             )
+            return
+        if any(scope["method"].encode() == m and p.match(scope["path"]) for m, p in _OWN_LIMIT):
+            await self.app(scope, receive, send)
             return
         max_bytes, max_depth = self.limits(scope)
         headers = dict(scope["headers"])

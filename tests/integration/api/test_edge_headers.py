@@ -156,3 +156,23 @@ def test_an_exec_event_says_who_where_and_with_what(stack: Stack) -> None:
     assert d["env_sha256"] == {"X": hashlib.sha256(b"id -u").hexdigest()}, d
     assert d["stdin_sha256"] == hashlib.sha256(b"in").hexdigest(), d
     assert "id -u" not in json.dumps(event)  # env values may be secrets: digests only
+
+
+def test_an_upload_with_a_header_given_twice_is_refused_too(stack: Stack) -> None:
+    """Uploads stream under their own size limit, past the body checks; the repeated-header
+    rule still holds there."""
+    sid = lease(stack.alice)["id"]
+    status, _, out = raw(
+        stack,
+        "PUT",
+        f"/v1/sandboxes/{sid}/files?path=/tmp/x",
+        [
+            ("Authorization", key(stack.alice)),
+            ("Authorization", key(stack.bob)),
+            ("Content-Length", "2"),
+        ],
+        b"hi",
+    )
+    assert status == 400 and json.loads(out)["field"] == "Authorization", out
+    r = stack.alice.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x"})
+    assert r.status_code == 404, r.text  # nothing written
