@@ -6,9 +6,11 @@ second item or start a second group. A client sends ``Idempotency-Key: <1-200 vi
 ASCII characters>`` on the calls listed in ``KEYED`` and the same key on every retry.
 
 The first request inserts a ``pending`` row (per tenant and key, with a sha256 of method,
-path and body, and this process's boot id), runs, and stores its status and body; a replay
-of a ``done`` key gets them back byte for byte with ``Idempotent-Replayed: true``. A replay
-while the first still runs gets 503 with ``Retry-After: 1``; a ``pending`` row of an earlier
+path and body, and this process's boot id), runs, and stores its status and body before the
+answer's last byte is sent (a client that has the answer and retries at once gets it
+replayed, never a 503); a replay of a ``done`` key gets them back byte for byte with
+``Idempotent-Replayed: true``. A replay while the first still runs gets 503 with
+``Retry-After: 1``; a ``pending`` row of an earlier
 boot (the server died mid-request) is taken over and the request runs again, which the keyed
 operations tolerate (start reuses the claim's live episodes, verify and complete are
 idempotent on their own; a re-run claim or lease at worst holds one extra claim or sandbox,
@@ -243,6 +245,21 @@ class IdempotencyMiddleware:
             await _answer(send, outcome.status, outcome.body, outcome.media_type, extra)
             return
         captured: dict[str, Any] = {"status": 500, "media_type": "application/json", "body": []}
+        stored = False
+
+        async def store() -> None:
+            nonlocal stored
+            if not stored:
+                stored = True
+                await run_in_threadpool(
+                    finish,
+                    db,
+                    tenant_id,
+                    key,
+                    status=captured["status"],
+                    body=b"".join(captured["body"]),
+                    media_type=captured["media_type"],
+                )
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -252,20 +269,16 @@ class IdempotencyMiddleware:
                         captured["media_type"] = v.decode("latin-1")
             elif message["type"] == "http.response.body":
                 captured["body"].append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # stored before its last byte goes out: a client that has the answer
+                    # and retries at once gets the replay, not a 503 "still running"
+                    await store()
             await send(message)
 
         try:
             await self.app(scope, replay_receive, capture)
         finally:
-            await run_in_threadpool(
-                finish,
-                db,
-                tenant_id,
-                key,
-                status=captured["status"],
-                body=b"".join(captured["body"]),
-                media_type=captured["media_type"],
-            )
+            await store()  # the route raised, or the client went away before the end
 
 
 async def _answer(

@@ -176,3 +176,31 @@ def test_an_upload_with_a_header_given_twice_is_refused_too(stack: Stack) -> Non
     assert status == 400 and json.loads(out)["field"] == "Authorization", out
     r = stack.alice.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x"})
     assert r.status_code == 404, r.text  # nothing written
+
+
+def test_a_retry_sent_the_moment_the_answer_arrives_is_replayed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer of a keyed request is stored before its last byte goes out: a worker that
+    has its lease and retries at once (a lost ack is indistinguishable) gets the replay.
+    Before, the store ran after the answer, and a retry in between was a 503 "still
+    running" (a parity test's immediate retry failed that way); a slow store shows it
+    every time."""
+    import time
+
+    from service import idempotency
+
+    finish = idempotency.finish
+
+    def slow_finish(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.5)  # a loaded database
+        finish(*args, **kwargs)
+
+    monkeypatch.setattr(idempotency, "finish", slow_finish)
+    key = {"Idempotency-Key": "trial-27-immediate-retry"}
+    body = {"template": "terminal", "ttl_s": 120}
+    first = stack.alice.post("/v1/sandboxes", json=body, headers=key)
+    again = stack.alice.post("/v1/sandboxes", json=body, headers=key)
+    assert first.status_code == 201, first.text
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true", again.text
+    assert again.json()["id"] == first.json()["id"]
