@@ -50,10 +50,18 @@ log = logging.getLogger("crucible.pool")
 
 ENDED_STATES = ("released", "expired", "failed")
 PRUNE_EVERY_S = 60.0
-# A lease wakes the loop to refill; in a burst of leases the refill waits until they pause
-# this long (at most the max), so the burst's claims never queue behind container starts
-# and refill writes on the database (issue 15.5: 128 leases at once).
 _SB = Sandbox.__table__
+# What a claim writes on the warm row it leases (both claim statements below)
+_LEASED = dict(
+    state="leased",
+    tenant_id=bindparam("b_tenant"),
+    leased_at=bindparam("b_now", type_=_SB.c.leased_at.type),
+    expires_at=bindparam("b_expires", type_=_SB.c.expires_at.type),
+    ttl_s=bindparam("b_ttl"),
+    metadata=bindparam("b_meta", type_=_SB.c.metadata.type),
+    cpus=bindparam("b_cpus", type_=_SB.c.cpus.type),
+    memory_mb=bindparam("b_memory_mb", type_=_SB.c.memory_mb.type),
+)
 _OLDEST_WARM = (
     select(_SB.c.id)
     .where(
@@ -65,18 +73,7 @@ _OLDEST_WARM = (
     .limit(1)
 )
 _CLAIM_WARM = (
-    update(_SB)
-    .where(_SB.c.id == bindparam("b_sid"), _SB.c.state == "warm")
-    .values(
-        state="leased",
-        tenant_id=bindparam("b_tenant"),
-        leased_at=bindparam("b_now", type_=_SB.c.leased_at.type),
-        expires_at=bindparam("b_expires", type_=_SB.c.expires_at.type),
-        ttl_s=bindparam("b_ttl"),
-        metadata=bindparam("b_meta", type_=_SB.c.metadata.type),
-        cpus=bindparam("b_cpus", type_=_SB.c.cpus.type),
-        memory_mb=bindparam("b_memory_mb", type_=_SB.c.memory_mb.type),
-    )
+    update(_SB).where(_SB.c.id == bindparam("b_sid"), _SB.c.state == "warm").values(**_LEASED)
 )
 # The lease's claim as one statement: pick the oldest warm row of the template and lease it,
 # returning the leased row's columns (SQLite >= 3.35 and PostgreSQL: RETURNING), instead of a
@@ -105,20 +102,14 @@ _PICK_WARM = (
 _CLAIM_OLDEST_WARM = (
     update(_SB)
     .where(_SB.c.id == _PICK_WARM, _SB.c.state == "warm")
-    .values(
-        state="leased",
-        tenant_id=bindparam("b_tenant"),
-        leased_at=bindparam("b_now", type_=_SB.c.leased_at.type),
-        expires_at=bindparam("b_expires", type_=_SB.c.expires_at.type),
-        ttl_s=bindparam("b_ttl"),
-        metadata=bindparam("b_meta", type_=_SB.c.metadata.type),
-        cpus=bindparam("b_cpus", type_=_SB.c.cpus.type),
-        memory_mb=bindparam("b_memory_mb", type_=_SB.c.memory_mb.type),
-    )
+    .values(**_LEASED)
     .returning(*_SB.c)
 )
 # (attribute, column key) of every mapped column: a returned row -> a Sandbox
 _SANDBOX_ATTRS = tuple((p.key, p.columns[0].key) for p in Sandbox.__mapper__.column_attrs)
+# A lease wakes the loop to refill; in a burst of leases the refill waits until they pause
+# this long (at most the max), so the burst's claims never queue behind container starts
+# and refill writes on the database (issue 15.5: 128 leases at once).
 LEASE_SETTLE_S = 0.05
 LEASE_SETTLE_MAX_S = 1.0
 DEAD_REPLICAS_EVERY_S = 5.0

@@ -49,10 +49,10 @@ from typing import cast
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import idempotency, logs, tracing
-from service.api.limits import SINGLE_HEADERS, declared_length, json_depth_exceeds
+from service.api.limits import SINGLE_HEADERS, declared_length, json_depth_exceeds, replay
 from service.api.problems import crucible_error_response
 from service.api.sandboxes import exec_json, lease_json
 from service.context import ServiceContext
@@ -174,26 +174,26 @@ class FastLane:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # a disconnect: the full stack's answer
-                return await self._pass(scope, _replay(bytes(chunks), receive, more=True), send)
+                return await self._pass(scope, replay(bytes(chunks), receive, more=True), send)
             chunks += message.get("body", b"")
             if not message.get("more_body", False):
                 break
         body = bytes(chunks)
-        replay = _replay(body, receive, more=False)
+        again = replay(body, receive)
         try:
             body.decode("utf-8")
             if not body or json_depth_exceeds(body, settings.max_json_depth):
-                return await self._pass(scope, replay, send)
+                return await self._pass(scope, again, send)
             model = route.model.model_validate(json.loads(body))
         except (ValueError, ValidationError):  # not UTF-8, not JSON, not the route's model
-            return await self._pass(scope, replay, send)
+            return await self._pass(scope, again, send)
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         try:
             principal = ctx.keys.authenticate(token.strip() if scheme.lower() == "bearer" else None)
         except Exception:  # noqa: BLE001 - a read only: the full stack answers (and audits a refusal)
-            return await self._pass(scope, replay, send)
+            return await self._pass(scope, again, send)
         stats.served += 1
-        await self._serve(scope, replay, send, ctx, principal, route, match, model, headers)
+        await self._serve(scope, again, send, ctx, principal, route, match, model, headers)
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
         stats.passed += 1
@@ -265,18 +265,3 @@ class FastLane:
                     },
                 )
             logs.request_id.reset(token)
-
-
-def _replay(body: bytes, receive: Receive, *, more: bool) -> Receive:
-    """A ``receive`` that hands ``body`` over once (``more``: the rest, if any, follows
-    from the client's), then defers to the client's."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": more}
-        return await receive()
-
-    return replayed

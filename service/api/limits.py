@@ -174,18 +174,19 @@ class RequestLimitsMiddleware:
                     f"the JSON body nests deeper than {max_depth} levels",
                 )
                 return
-        await self.app(scope, _replay(bytes(body), receive), send)
+        await self.app(scope, replay(bytes(body), receive), send)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that hands the buffered body over once, then defers to the client's."""
+def replay(body: bytes, receive: Receive, *, more: bool = False) -> Receive:
+    """A ``receive`` that hands the buffered ``body`` over once (``more``: the rest, if any,
+    follows from the client's), then defers to the client's."""
     sent = False
 
     async def replayed() -> Message:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": more}
         return await receive()
 
     return replayed
