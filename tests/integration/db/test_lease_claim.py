@@ -197,12 +197,7 @@ def test_a_claim_waits_for_the_holder_of_the_last_warm_row(tmp_path: Path) -> No
         got: list[str | None] = []
         with db.session() as a:
             assert _claim(pools, a).id == "sb_last"  # type: ignore[union-attr]
-            racer = threading.Thread(target=lambda: got.append(_one_claim(db, pools)))
-            racer.start()
-            deadline = time.monotonic() + 30
-            while not _waiting_for_a_lock(db):
-                assert time.monotonic() < deadline and racer.is_alive(), got
-                time.sleep(0.02)
+            racer = _claim_waiting_on_a_lock(db, pools, got)
             a.rollback()
         racer.join(30)
         assert got == ["sb_last"]
@@ -211,14 +206,23 @@ def test_a_claim_waits_for_the_holder_of_the_last_warm_row(tmp_path: Path) -> No
         got.clear()
         with db.session() as a:
             assert _claim(pools, a).id == "sb_next"  # type: ignore[union-attr]
-            racer = threading.Thread(target=lambda: got.append(_one_claim(db, pools)))
-            racer.start()
-            deadline = time.monotonic() + 30
-            while not _waiting_for_a_lock(db):
-                assert time.monotonic() < deadline and racer.is_alive(), got
-                time.sleep(0.02)
+            racer = _claim_waiting_on_a_lock(db, pools, got)
         racer.join(30)
         assert got == [None]
+
+
+def _claim_waiting_on_a_lock(
+    db: Database, pools: PoolManager, got: list[str | None]
+) -> threading.Thread:
+    """A claim on another thread (its answer appended to ``got``), once it waits on a row
+    lock another transaction holds."""
+    racer = threading.Thread(target=lambda: got.append(_one_claim(db, pools)))
+    racer.start()
+    deadline = time.monotonic() + 30
+    while not _waiting_for_a_lock(db):
+        assert time.monotonic() < deadline and racer.is_alive(), got
+        time.sleep(0.02)
+    return racer
 
 
 def _one_claim(db: Database, pools: PoolManager) -> str | None:
