@@ -28,14 +28,19 @@ print(json.dumps({{
 """
 
 
-def test_uptime_ticks_are_exact_for_every_centisecond() -> None:
+def _observe(driver: str) -> dict:
+    """What ``driver`` (importing the observer from ``PY``) prints, read as JSON."""
     out = subprocess.run(
-        [sys.executable, "-c", DRIVER.format(py=str(PY))],
+        [sys.executable, "-c", driver.format(py=str(PY))],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    got = json.loads(out)
+    return json.loads(out)
+
+
+def test_uptime_ticks_are_exact_for_every_centisecond() -> None:
+    got = _observe(DRIVER)
     expected = [s * 100 + cs for s in range(1000, 1100) for cs in range(100)]
     wrong = [(e, g) for e, g in zip(expected, got["hz100"], strict=True) if e != g]
     assert wrong == [], wrong[:5]
@@ -64,13 +69,7 @@ print(json.dumps({{"status": list(st) if isinstance(st, tuple) else repr(st),
 
 
 def test_a_process_named_in_bytes_that_are_not_utf8_is_read() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", NAMED.format(py=str(PY))],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    got = json.loads(out)
+    got = _observe(NAMED)
     assert isinstance(got["status"], list) and got["status"][0] in "RSD", got
     assert got["started"] is True
     assert got["gone"] == "None"  # reaped: ENOENT
