@@ -206,12 +206,17 @@ def test_the_rate_limit_is_the_same_429(lane: Stack, monkeypatch: pytest.MonkeyP
     fast, full, served = _both(
         lane, monkeypatch, lambda rid: _post(carol, path, rid, json={"cmd": "true"})
     )
+    assert_same_429(fast, full, served)
+
+
+def assert_same_429(fast: httpx.Response, full: httpx.Response, served: int) -> None:
+    """The lane served a 429 and it equals the full stack's, but for the request id and the
+    detail (which names the wait to the millisecond)."""
     assert served == 1 and fast.status_code == 429, fast.text
     assert fast.json()["title"] == full.json()["title"] == "Rate limit exceeded"
     assert int(fast.headers["retry-after"]) > 0 and int(full.headers["retry-after"]) > 0
     a, b = fast.json(), full.json()
     assert (a.pop("request_id"), b.pop("request_id")) == ("parity-lane", "parity-full")
-    # the detail names the wait to the millisecond: equal but for it
     assert {k: v for k, v in a.items() if k != "detail"} == {
         k: v for k, v in b.items() if k != "detail"
     }
