@@ -23,8 +23,10 @@ docs/architecture.md); the SDK does not retry it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import re
 import uuid
 from datetime import timedelta
@@ -39,6 +41,8 @@ from service import tenants
 from service.db.engine import Database
 from service.db.models import IdempotencyKey, utcnow
 from service.errors import AuthError
+
+log = logging.getLogger("crucible.idempotency")
 
 HEADER = "idempotency-key"
 BOOT_ID = uuid.uuid4().hex  # this process; a pending row of another boot was cut off
@@ -140,16 +144,10 @@ def finish(
     db: Database, tenant_id: str, key: str, *, status: int, body: bytes, media_type: str
 ) -> None:
     """Store the answer of a request that ran (or forget the key when it may change)."""
+    if status not in KEPT_STATUSES:
+        forget(db, tenant_id, key)
+        return
     with db.session() as s:
-        if status not in KEPT_STATUSES:
-            s.execute(
-                delete(IdempotencyKey).where(
-                    IdempotencyKey.tenant_id == tenant_id,
-                    IdempotencyKey.key == key,
-                    IdempotencyKey.owner == BOOT_ID,
-                )
-            )
-            return
         s.execute(
             update(IdempotencyKey)
             .where(
@@ -164,6 +162,18 @@ def finish(
                 finished_at=utcnow(),
             )
             .execution_options(synchronize_session=False)
+        )
+
+
+def forget(db: Database, tenant_id: str, key: str) -> None:
+    """Delete this process's pending row for ``key``: a retry runs the request again."""
+    with db.session() as s:
+        s.execute(
+            delete(IdempotencyKey).where(
+                IdempotencyKey.tenant_id == tenant_id,
+                IdempotencyKey.key == key,
+                IdempotencyKey.owner == BOOT_ID,
+            )
         )
 
 
@@ -249,8 +259,10 @@ class IdempotencyMiddleware:
 
         async def store() -> None:
             nonlocal stored
-            if not stored:
-                stored = True
+            if stored:
+                return
+            stored = True
+            try:
                 await run_in_threadpool(
                     finish,
                     db,
@@ -260,6 +272,12 @@ class IdempotencyMiddleware:
                     body=b"".join(captured["body"]),
                     media_type=captured["media_type"],
                 )
+            except Exception:  # noqa: BLE001 - the answer still goes out
+                # Not stored: the key must not stay pending (every retry a 503 for a day);
+                # forgotten, a retry runs again, as after a crash.
+                log.exception("idempotency: the answer for key %r was not stored", key)
+                with contextlib.suppress(Exception):
+                    await run_in_threadpool(forget, db, tenant_id, key)
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -7,14 +7,16 @@ as base64 (``*_b64`` fields) so nothing is lost.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from service.scheduler.spec import Schedule
 from service.text import find_unencodable
 
-MetadataValue = str | int | float | bool | None
+# A float must be finite: PostgreSQL's json refuses NaN and the infinities (a lease with
+# {"x": NaN} was a 500 there; SQLite stored null)
+MetadataValue = str | int | Annotated[float, Field(allow_inf_nan=False)] | bool | None
 
 # Metadata keys the service writes and acts on: recovery releases a leased sandbox whose
 # ``episode_role`` names a group start that no live episode owns, so a tenant's own key of

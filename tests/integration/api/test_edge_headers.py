@@ -204,3 +204,44 @@ def test_a_retry_sent_the_moment_the_answer_arrives_is_replayed(
     assert first.status_code == 201, first.text
     assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true", again.text
     assert again.json()["id"] == first.json()["id"]
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_metadata_float_that_json_cannot_store_is_a_422(stack: Stack, value: str) -> None:
+    """PostgreSQL's json refused NaN and the infinities: a lease carrying one was a 500
+    there (SQLite stored null). A quick trial on the lease lane found it."""
+    before = len(stack.alice.get("/v1/sandboxes").json()["sandboxes"])
+    body = '{"template": "terminal", "metadata": {"x": ' + value + "}}"
+    r = stack.alice.post(
+        "/v1/sandboxes", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert_problem(r, 422)
+    assert len(stack.alice.get("/v1/sandboxes").json()["sandboxes"]) == before
+
+
+def test_an_answer_that_could_not_be_stored_still_goes_out_and_frees_the_key(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database error while storing a keyed answer cut the answer off, and the key stayed
+    pending: every retry a 503 "still running" for a day while the lease stood. Now the
+    answer goes out whole and the key is forgotten (a retry runs again, as after a crash)."""
+    from service import idempotency
+
+    finish = idempotency.finish
+    calls = {"n": 0}
+
+    def failing_once(*args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("database went away")
+        finish(*args, **kwargs)
+
+    monkeypatch.setattr(idempotency, "finish", failing_once)
+    key = {"Idempotency-Key": "quick-trial-unstored"}
+    body = {"template": "terminal", "ttl_s": 120}
+    first = stack.alice.post("/v1/sandboxes", json=body, headers=key)
+    assert first.status_code == 201 and first.json()["id"], first.text
+    again = stack.alice.post("/v1/sandboxes", json=body, headers=key)
+    assert again.status_code == 201 and "idempotent-replayed" not in again.headers, again.text
+    third = stack.alice.post("/v1/sandboxes", json=body, headers=key)
+    assert third.headers["idempotent-replayed"] == "true" and third.json() == again.json()
