@@ -15,7 +15,8 @@ boot (the server died mid-request) is taken over and the request runs again, whi
 operations tolerate (start reuses the claim's live episodes, verify and complete are
 idempotent on their own; a re-run claim or lease at worst holds one extra claim or sandbox,
 which its lease returns). The same key with a different request is a 422. Answers that may
-change on a retry (409, 429, 5xx) are not kept. Keys are kept ``RETAIN_S`` seconds.
+change on a retry (409, 429, 5xx) are not kept; an answer that could not be stored still
+goes out, and its key is forgotten (a retry runs again). Keys are kept ``RETAIN_S`` seconds.
 
 Exec is not keyed: a command runs again when its request is retried (documented in
 docs/architecture.md); the SDK does not retry it.
