@@ -17,6 +17,7 @@ from service import dashboard, idempotency, logs, recovery, tenants, tracing
 from service.api import (
     audit,
     builds,
+    edge,
     events,
     fastlane,
     health,
@@ -74,6 +75,11 @@ def _request_limits(scope: Scope) -> tuple[int, int]:
     """(max_body_bytes, max_json_depth) of the app serving ``scope``."""
     settings = scope["app"].state.ctx.settings
     return settings.max_body_bytes, settings.max_json_depth
+
+
+def _body_idle_timeout_s(scope: Scope) -> float:
+    """``body_idle_timeout_s`` of the app serving ``scope``."""
+    return scope["app"].state.ctx.settings.body_idle_timeout_s
 
 
 def bootstrap(ctx: ServiceContext) -> None:
@@ -175,5 +181,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(tracing.TracingMiddleware)  # a pass-through unless tracing is on
     app.add_middleware(logs.RequestIdMiddleware)  # every answer carries its id
-    app.add_middleware(fastlane.FastLane)  # outermost: one-shot execs, leases; the rest passed on
+    app.add_middleware(fastlane.FastLane)  # one-shot execs, leases; the rest passed on
+    # outermost: a control character in the path, a body that stops arriving
+    app.add_middleware(edge.EdgeMiddleware, idle_timeout_s=_body_idle_timeout_s)
     return app

@@ -89,6 +89,14 @@ class Settings(BaseSettings):
         "have max_upload_bytes; a larger one is a 413 before it is read.",
     )
     max_json_depth: int = Field(64, ge=1, description="Deepest nesting of a JSON body.")
+    body_idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Longest wait (seconds) for the next part of a request body that has "
+        "started; past it the request is a 408 and its connection closed (nginx's "
+        "client_body_timeout).",
+    )
     snapshot_ttl_s: int = Field(
         24 * 3600,
         ge=1,

@@ -6,17 +6,23 @@ second item or start a second group. A client sends ``Idempotency-Key: <1-200 vi
 ASCII characters>`` on the calls listed in ``KEYED`` and the same key on every retry.
 
 The first request inserts a ``pending`` row (per tenant and key, with a sha256 of method,
-path and body, and this process's boot id), runs, and stores its status and body before the
-answer's last byte is sent (a client that has the answer and retries at once gets it
-replayed, never a 503); a replay of a ``done`` key gets them back byte for byte with
+path, query and body, and this process's boot id), runs, and stores its status and body
+before the answer's last byte is sent (a client that has the answer and retries at once gets
+it replayed, never a 503); a replay of a ``done`` key gets them back byte for byte with
 ``Idempotent-Replayed: true``. A replay while the first still runs gets 503 with
-``Retry-After: 1``; a ``pending`` row of an earlier
-boot (the server died mid-request) is taken over and the request runs again, which the keyed
-operations tolerate (start reuses the claim's live episodes, verify and complete are
-idempotent on their own; a re-run claim or lease at worst holds one extra claim or sandbox,
-which its lease returns). The same key with a different request is a 422. Answers that may
-change on a retry (409, 429, 5xx) are not kept; an answer that could not be stored still
-goes out, and its key is forgotten (a retry runs again). Keys are kept ``RETAIN_S`` seconds.
+``Retry-After: 1``; a ``pending`` row of an earlier boot (the server died mid-request) is
+taken over and the request runs again, which the keyed operations tolerate (start reuses the
+claim's live episodes, verify and complete are idempotent on their own; a re-run claim or
+lease at worst holds one extra claim or sandbox, which its lease returns). The same key with
+a different request is a 422. Only a success (200, 201, 204) is kept: an error answer means
+nothing happened (a 4xx changes nothing stored), so its key is forgotten and a retry runs
+again, as Stripe does ("results are only saved if an API endpoint started executing"). Kept,
+a 4xx was replayed to a retry that had fixed what it named (a ``Content-Type``, which the
+digest does not cover), and 409, 429 and 5xx may change on a retry anyway. An answer that
+could not be stored still goes out, and its key is forgotten too. The tenant is the route's
+own principal (the key cache, ``service.keycache``): a key revoked outside the control plane
+but still cached was served by the route while this middleware, reading the row, passed the
+request on unkeyed (a retry leased twice). Keys are kept ``RETAIN_S`` seconds.
 
 Exec is not keyed: a command runs again when its request is retried (documented in
 docs/architecture.md); the SDK does not retry it.
@@ -38,17 +44,17 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import tenants
 from service.db.engine import Database
 from service.db.models import IdempotencyKey, utcnow
 from service.errors import AuthError
+from service.keycache import KeyCache
 
 log = logging.getLogger("crucible.idempotency")
 
 HEADER = "idempotency-key"
 BOOT_ID = uuid.uuid4().hex  # this process; a pending row of another boot was cut off
 RETAIN_S = 24 * 3600
-KEPT_STATUSES = frozenset({200, 201, 204, 400, 404, 422})
+KEPT_STATUSES = frozenset({200, 201, 204})  # a success: something happened
 KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
 KEYED = tuple(
     (method, re.compile(pattern))
@@ -188,13 +194,12 @@ def prune(db: Database) -> int:
         ).rowcount
 
 
-def _tenant(db: Database, authorization: str) -> str | None:
+def _tenant(keys: KeyCache, authorization: str) -> str | None:
+    """The tenant the route will act for, through the same key cache as the route (one
+    answer for both layers), or None when the key is refused (the route answers 401)."""
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
     try:
-        with db.read() as s:
-            return tenants.authenticate(s, token.strip()).tenant_id
+        return keys.authenticate(token.strip() if scheme.lower() == "bearer" else None).tenant_id
     except AuthError:
         return None  # the route answers 401 (and audits it)
 
@@ -230,8 +235,10 @@ class IdempotencyMiddleware:
             if not message.get("more_body", False):
                 break
         raw = b"".join(chunks)
-        db = scope["app"].state.ctx.db
-        tenant_id = await run_in_threadpool(_tenant, db, headers.get("authorization", ""))
+        ctx = scope["app"].state.ctx
+        db = ctx.db
+        # on the loop, as the route's own authentication (a cached key is read from memory)
+        tenant_id = _tenant(ctx.keys, headers.get("authorization", ""))
         replayed = False
 
         async def replay_receive() -> Message:
@@ -244,9 +251,10 @@ class IdempotencyMiddleware:
         if tenant_id is None:
             await self.app(scope, replay_receive, send)
             return
-        digest = hashlib.sha256(
-            scope["method"].encode() + b" " + scope["path"].encode() + b"\n" + raw
-        ).hexdigest()
+        target = scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        digest = hashlib.sha256(scope["method"].encode() + b" " + target + b"\n" + raw).hexdigest()
         label = f"{scope['method']} {scope['path']}"[:300]
         outcome = await run_in_threadpool(begin, db, tenant_id, key, label, digest)
         if outcome.action != "run":

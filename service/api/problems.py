@@ -22,10 +22,13 @@ PROBLEM_REF = "#/components/schemas/Problem"
 # What each error status means on this API (the descriptions in the OpenAPI document).
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "Invalid request: a value the schema allows but the service cannot accept, a body "
-    "that is not JSON or not UTF-8, or JSON nested too deep (``field`` names it)",
+    "that is not JSON or not UTF-8, JSON nested too deep, a header given twice, or a "
+    "control character in the path (``field`` names it)",
     401: "Missing, unknown or revoked API key",
     403: "The API key lacks the admin scope",
     404: "No such object for this tenant (another tenant's object is also not found)",
+    408: "No part of the request body arrived for ``body_idle_timeout_s``; the connection "
+    "is closed",
     409: "The object's state does not allow the operation",
     413: "The request body exceeds the configured limit",
     422: "The request does not match the schema (``errors`` lists every field)",
@@ -190,11 +193,12 @@ def install_openapi(app: FastAPI, routers: list[Any]) -> None:
     """Make ``/openapi.json`` declare every error response as problem+json (``routers``:
     the ``APIRouter``s included in ``app``, whose routes are inspected).
 
-    Per route: 401 and 429 (the tenant's rate limit) when it authenticates
-    (``get_principal`` among its dependencies), 403
-    when it needs the admin scope, 422 (problem+json, replacing FastAPI's own shape) when it
-    has parameters or a body, 400 and 413 when it takes a body (the request limits); plus
-    what the route declares with ``error_responses``. The ``Problem`` schema is added to
+    Per route: 400 (a header given twice, a control character in the path: the request
+    limits and the edge refuse them on every route), 401 and 429 (the tenant's rate limit)
+    when it authenticates (``get_principal`` among its dependencies), 403 when it needs the
+    admin scope, 422 (problem+json, replacing FastAPI's own shape) when it has parameters
+    or a body, 408 and 413 when it takes a body; plus what the route declares with
+    ``error_responses``. The ``Problem`` schema is added to
     the components.
     """
     from fastapi.openapi.utils import get_openapi
@@ -216,13 +220,13 @@ def install_openapi(app: FastAPI, routers: list[Any]) -> None:
             if not isinstance(route, APIRoute) or not route.include_in_schema:
                 continue
             calls = _calls(route.dependant)
-            implied = []
+            implied = [400]
             if get_principal in calls:
                 implied += [401, 429]  # authenticated: the tenant's rate limit applies
             if get_admin in calls:
                 implied.append(403)
             if route.body_field is not None:
-                implied += [400, 413]
+                implied += [408, 413]
             dep = route.dependant
             if route.body_field is not None or dep.query_params or dep.path_params:
                 implied.append(422)

@@ -365,7 +365,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 @router.put(
     "/{sandbox_id}/files",
     response_model=FileOut,
-    responses=error_responses(400, 404, 409, 413, 502),
+    responses=error_responses(400, 404, 408, 409, 413, 502),
     openapi_extra={
         "requestBody": {
             "required": True,

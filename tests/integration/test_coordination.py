@@ -16,11 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import update
 
 from service import tenants
 from service.config import RateLimit
 from service.coordination.redis import RedisCoordinator
-from service.db.models import Tenant
+from service.db.models import ApiKey, Tenant, utcnow
 from tests.dbutil import postgres_url
 from tests.integration.api.conftest import Stack, start_stack
 
@@ -222,6 +223,30 @@ def test_a_revoked_key_is_refused_at_once_though_cached(limited: Stack) -> None:
     assert limited.admin.delete(f"/v1/keys/{_key_id(carol)}").status_code == 404
     assert limited.bob.delete(f"/v1/keys/{_key_id(limited.bob)}").status_code == 403
     assert limited.admin.delete("/v1/keys/not-hex").status_code == 422
+
+
+@pytest.mark.docker
+def test_a_key_revoked_outside_the_control_plane_but_cached_keeps_its_idempotency(
+    limited: Stack,
+) -> None:
+    """The route authenticates through the key cache; the idempotency middleware read the
+    row. A key revoked in SQL (not through the API, so no revoke event) but still cached
+    was served by the route while the middleware, seeing it refused, passed the keyed
+    request on unkeyed: a retry leased a second sandbox. Both layers now ask the cache."""
+    frank = _new_client(limited, "frank")
+    assert frank.get("/v1/sandboxes").status_code == 200  # cached now, for 60 s
+    with limited.ctx.db.session() as s:
+        s.execute(update(ApiKey).where(ApiKey.id == _key_id(frank)).values(revoked_at=utcnow()))
+    key = {"Idempotency-Key": "revoked-in-sql"}
+    body = {"template": "terminal", "ttl_s": 60}
+    first = frank.post("/v1/sandboxes", json=body, headers=key)
+    again = frank.post("/v1/sandboxes", json=body, headers=key)
+    assert first.status_code == 201, first.text  # served from the cache, as documented
+    assert again.status_code == 201 and again.headers.get("idempotent-replayed") == "true"
+    assert again.json()["id"] == first.json()["id"]
+    with limited.ctx.db.read() as s:
+        assert s.get(Tenant, "frank").used_sandboxes == 1, "one lease, not two"
+    limited.admin.delete(f"/v1/sandboxes/{first.json()['id']}")
 
 
 def _new_client(stack: Stack, tenant: str) -> httpx.Client:

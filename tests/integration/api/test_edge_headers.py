@@ -245,3 +245,146 @@ def test_an_answer_that_could_not_be_stored_still_goes_out_and_frees_the_key(
     assert again.status_code == 201 and "idempotent-replayed" not in again.headers, again.text
     third = stack.alice.post("/v1/sandboxes", json=body, headers=key)
     assert third.headers["idempotent-replayed"] == "true" and third.json() == again.json()
+
+
+def test_a_retry_that_fixed_what_a_4xx_named_runs_again(stack: Stack) -> None:
+    """A 4xx answer to a keyed request was kept and replayed for a day: the idempotency
+    digest covers the body, not ``Content-Type``, so a lease sent as ``text/plain`` (a 4xx
+    naming it) and retried, fixed, under the same key got the stale error back. An error
+    changed nothing, so its key is forgotten now and the retry runs (Stripe's rule)."""
+    key = "trial-28-content-type"
+    body = json.dumps({"template": "terminal", "ttl_s": 120})
+    first = stack.alice.post(
+        "/v1/sandboxes",
+        content=body,
+        headers={"Content-Type": "text/plain", "Idempotency-Key": key},
+    )
+    assert 400 <= first.status_code < 500, first.text
+    fixed = stack.alice.post(
+        "/v1/sandboxes",
+        content=body,
+        headers={"Content-Type": "application/json", "Idempotency-Key": key},
+    )
+    assert fixed.status_code == 201 and "idempotent-replayed" not in fixed.headers, fixed.text
+    again = stack.alice.post(
+        "/v1/sandboxes",
+        content=body,
+        headers={"Content-Type": "application/json", "Idempotency-Key": key},
+    )
+    assert again.headers["idempotent-replayed"] == "true" and again.json() == fixed.json()
+    stack.alice.delete(f"/v1/sandboxes/{fixed.json()['id']}")
+
+
+@pytest.mark.parametrize("suffix", ["%0A", "%0D", "%00", "%7F", "%09x"])
+def test_a_control_character_in_the_path_is_a_400_naming_it(stack: Stack, suffix: str) -> None:
+    """Starlette's route patterns end in ``$``, which matches before a final newline too:
+    ``POST /v1/sandboxes%0A`` leased a sandbox (through the lane and the full stack alike).
+    A control character in the decoded path is refused at the edge, before every layer."""
+    before = len(stack.alice.get("/v1/sandboxes").json()["sandboxes"])
+    body = json.dumps({"template": "terminal"}).encode()
+    status, headers, out = raw(
+        stack,
+        "POST",
+        f"/v1/sandboxes{suffix}",
+        [
+            ("Authorization", key(stack.alice)),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+        ],
+        body,
+    )
+    assert status == 400 and headers["content-type"] == "application/problem+json", out
+    problem = json.loads(out)
+    assert problem["field"] == "path" and problem["request_id"] == headers["x-request-id"]
+    assert len(stack.alice.get("/v1/sandboxes").json()["sandboxes"]) == before
+
+
+def _stalled(stack: Stack, path: str, headers: list[tuple[str, str]], sent: bytes) -> tuple:
+    """Send the head and ``sent`` (less than declared), then wait: (status, headers, body,
+    seconds until the answer, whether the server closed the connection after it)."""
+    import time
+
+    u = urlparse(stack.url)
+    head = f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        t0 = time.monotonic()
+        s.sendall(head.encode("latin-1") + sent)
+        data = b""
+        try:
+            while chunk := s.recv(65536):  # ends when the server closes
+                data += chunk
+        except TimeoutError:
+            raise AssertionError(f"not closed; got {data!r}") from None
+        took = time.monotonic() - t0
+    top, _, rest = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    fields = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), fields, rest, took
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "full-stack"])
+@pytest.mark.parametrize("route", ["lease", "exec", "upload", "chunked"])
+def test_a_body_that_stops_arriving_is_a_408_and_the_connection_closes(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, route: str, lane: bool
+) -> None:
+    """uvicorn bounds an idle kept-alive connection, not a body that stops arriving: a
+    request that declared 100 bytes and sent 10 held its connection and handler forever
+    (trial 27 left it open). Each wait for the body's next part is bounded now."""
+    monkeypatch.setattr(stack.ctx.settings, "body_idle_timeout_s", 1.0)
+    monkeypatch.setattr(stack.ctx.settings, "fast_lane", lane)
+    sid = lease(stack.alice)["id"]
+    before = len(stack.alice.get("/v1/sandboxes").json()["sandboxes"])
+    auth = ("Authorization", key(stack.alice))
+    path, headers, sent = {
+        "lease": ("/v1/sandboxes", [("Content-Type", "application/json")], b'{"templ'),
+        "exec": (f"/v1/sandboxes/{sid}/exec", [("Content-Type", "application/json")], b'{"cmd'),
+        "upload": (
+            f"/v1/sandboxes/{sid}/files?path=/workspace/stalled.bin",
+            [("Content-Type", "application/octet-stream")],
+            b"0123456789",
+        ),
+        "chunked": ("/v1/sandboxes", [("Content-Type", "application/json")], b""),
+    }[route]
+    if route == "chunked":
+        headers = [*headers, ("Transfer-Encoding", "chunked")]
+        sent = b'4\r\n{"te\r\n'
+    else:
+        headers = [*headers, ("Content-Length", "100")]
+    status, fields, out, took = _stalled(stack, path, [auth, *headers], sent)
+    assert status == 408 and fields["content-type"] == "application/problem+json", out
+    assert fields["connection"] == "close" and json.loads(out)["field"] == "body"
+    assert 0.9 <= took < 10, took
+    assert len(stack.alice.get("/v1/sandboxes").json()["sandboxes"]) == before
+    if route == "upload":
+        r = stack.alice.get(f"/v1/sandboxes/{sid}/files", params={"path": "/workspace/stalled.bin"})
+        assert r.status_code == 404, "a stalled upload is not kept"
+    stack.alice.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_slow_body_that_keeps_arriving_is_served(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline is between two parts of the body, not for the whole of it."""
+    import time
+
+    monkeypatch.setattr(stack.ctx.settings, "body_idle_timeout_s", 1.0)
+    sid = lease(stack.alice)["id"]
+    body = json.dumps({"cmd": "echo slow"}).encode()
+    u = urlparse(stack.url)
+    head = (
+        f"POST /v1/sandboxes/{sid}/exec HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n"
+        f"Authorization: {key(stack.alice)}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(head.encode())
+        for i in range(0, len(body), 6):  # ~2 s in all, 0.4 s between parts
+            s.sendall(body[i : i + 6])
+            time.sleep(0.4)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:300]
+    assert json.loads(data.partition(b"\r\n\r\n")[2])["stdout"] == "slow\n"
+    stack.alice.delete(f"/v1/sandboxes/{sid}")
