@@ -346,6 +346,24 @@ def get(ctx: ServiceContext, principal: Principal, episode_id: str) -> Episode:
     return ep
 
 
+def _tenant_work_zero(task: Task, what: str) -> VerifierResult:
+    """A 0 for an end state the tenant's own engine work kept from settling
+    (``dodge: tenant_work_in_flight``)."""
+    return VerifierResult(
+        name=task.verifier,
+        version="",
+        status="ok",
+        reward=0.0,
+        details={
+            "dodge": "tenant_work_in_flight",
+            "reason": "a files upload or download the tenant sent was still inside the "
+            f"engine {sandboxes.TENANT_WORK_SETTLE_S:g} s after the sandbox was taken for "
+            f"verification ({what})",
+            "passed": False,
+        },
+    )
+
+
 def run_verifier(
     ctx: ServiceContext, principal: Principal, ep: Episode, task: Task, sandbox: Sandbox
 ) -> tuple[VerifierResult, str | None]:
@@ -353,9 +371,17 @@ def run_verifier(
     ``keep_episode_snapshots``, the id of the end state's snapshot (else None)."""
     verifier = verifier_registry.get(task.verifier)
     snapshot_id = None
+    # The tenant's own work in the engine (a files PUT or GET it sent before the take)
+    # holds the container's lock, which the freeze needs, for as long as the tenant made it
+    # (a trial: minutes, and the freeze's timeout was an error record, re-rolled). Waited
+    # for briefly; still running, the end state never settled by the tenant's doing: a 0.
+    if not sandboxes.settle_tenant_work(ctx, sandbox.id):
+        return _tenant_work_zero(task, "still running"), snapshot_id
     try:
         ctx.runtime.freeze(sandbox.container_id)
     except CrucibleError as e:
+        if sandboxes.tenant_engine_busy(ctx, sandbox.id):
+            return _tenant_work_zero(task, f"the freeze failed: {e.detail}"), snapshot_id
         return VerifierResult(
             name=task.verifier,
             version="",

@@ -35,7 +35,7 @@ from service.errors import (
     SandboxError,
 )
 from service.runtime.base import SandboxRuntime
-from service.sandboxes import get_live, runtime_failure
+from service.sandboxes import get_live, runtime_failure, tenant_engine_work
 from service.templates import Template
 from service.tenants import Principal
 
@@ -546,9 +546,12 @@ def put(
             )
             target = resolved
         # Checked again at the write: reading and sanitizing a large upload takes long
-        # enough for a verification to take the sandbox meanwhile (a fourth trial).
-        get_live(ctx, principal, sandbox_id)
-        ctx.runtime.put_archive(row.container_id, dest, tar)
+        # enough for a verification to take the sandbox meanwhile (a fourth trial). The
+        # engine's extraction is the tenant's work: marked before that check, so a
+        # verification taking the sandbox after it waits for it or scores it the tenant's.
+        with tenant_engine_work(ctx, sandbox_id):
+            get_live(ctx, principal, sandbox_id)
+            ctx.runtime.put_archive(row.container_id, dest, tar)
     except (InvalidRequest, Conflict) as e:
         if not is_tar and e.field and e.field.startswith("tar:"):
             raise type(e)(e.detail, field="path") from e  # the one member is ``path``
@@ -592,8 +595,10 @@ def get(ctx: ServiceContext, principal: Principal, sandbox_id: str, *, path: str
     spool = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # noqa: SIM115 - closed by chunks()
     try:
         resolved = _resolve(ctx, row.container_id, confine(path, tpl), tpl, create_parents=False)
-        for chunk in ctx.runtime.get_archive(row.container_id, resolved):
-            spool.write(chunk)
+        with tenant_engine_work(ctx, sandbox_id):  # the engine holds the container's lock
+            get_live(ctx, principal, sandbox_id)
+            for chunk in ctx.runtime.get_archive(row.container_id, resolved):
+                spool.write(chunk)
         tar_size = spool.tell()
         spool.seek(0)
         with tarfile.open(fileobj=spool, mode="r:") as t:

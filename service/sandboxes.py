@@ -97,6 +97,45 @@ def get_live(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sand
     return row
 
 
+# How long a verification waits for the tenant's engine work on its sandbox to end.
+TENANT_WORK_SETTLE_S = 10.0
+
+
+def _tenant_work_item(sandbox_id: str) -> str:
+    return f"tenant:{sandbox_id}"
+
+
+def tenant_engine_work(ctx: ServiceContext, sandbox_id: str) -> contextlib.AbstractContextManager:
+    """Mark a tenant's call on ``sandbox_id`` as inside the engine while the context runs
+    (on every replica's view: ``Coordinator.track``). A files ``PUT`` or ``GET`` is the
+    tenant's work in the engine: the engine holds the container's lock until it ends, and
+    its length is the tenant's to choose (a trial extracted a 2 MB tar of 4,000 members
+    through a chain of long symlinks for minutes), so a verification must not mistake the
+    freeze it blocks for Crucible's failure (``episodes.run_verifier``). Enter it before
+    the sandbox's lease is checked for the last time, so a verification that takes the
+    sandbox after that check sees the work."""
+    return ctx.pools.coord.track(_tenant_work_item(sandbox_id))
+
+
+def tenant_engine_busy(ctx: ServiceContext, sandbox_id: str) -> bool | None:
+    """True while a tenant's call on ``sandbox_id`` is inside the engine on any live
+    replica (``tenant_engine_work``); None when the coordinator cannot tell."""
+    busy = ctx.pools.coord.in_flight()
+    return None if busy is None else _tenant_work_item(sandbox_id) in busy
+
+
+def settle_tenant_work(ctx: ServiceContext, sandbox_id: str) -> bool:
+    """Wait up to ``TENANT_WORK_SETTLE_S`` for the tenant's engine work on ``sandbox_id``
+    to end. False when it is still running then; True when it ended or none was known
+    (the coordinator unreachable: the freeze decides)."""
+    deadline = time.monotonic() + TENANT_WORK_SETTLE_S
+    while tenant_engine_busy(ctx, sandbox_id):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def take_for_verification(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> Sandbox:
     """Take the tenant's leased sandbox for the verification of its episode: ``leased`` to
     ``verifying`` in one statement. Every tenant call on it (exec, files, processes,

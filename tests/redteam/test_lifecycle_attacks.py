@@ -17,6 +17,8 @@ and a job's groups hold only their own samples:
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 
@@ -26,7 +28,7 @@ from sqlalchemy import select
 from service import tenants
 from service.db.models import Episode, Sandbox
 from tests.integration.api.conftest import Stack
-from tests.redteam.episodes import TRAJ, start, verify
+from tests.redteam.episodes import TRAJ, sh, start, verify
 
 pytestmark = [pytest.mark.docker, pytest.mark.redteam]
 
@@ -300,3 +302,67 @@ def test_an_agent_that_stops_its_own_sandbox_scores_zero(stack: Stack) -> None:
     assert (after.status_code, after.json()["title"]) == STOPPED, after.text
     rec = verify(stack, ep)
     assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec
+
+
+# Trial 31: a chain of 31 symlinks whose targets are ~4 KB of ``./`` each; every member
+# of a tar named ``L0/...`` then costs the engine's untar ~80,000 path components.
+_SLOW_LINKS = r"""
+set -e
+mkdir -p /app/x/real && cd /app/x
+dots=$(printf './%.0s' $(seq 2040))
+ln -s "${dots}real" L30
+for i in $(seq 29 -1 0); do ln -s "${dots}L$((i+1))" "L$i"; done
+"""
+
+
+def test_an_upload_holding_the_engine_scores_zero_not_an_error(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial 31 (3 of 3 runs): a files PUT the engine extracts for minutes holds the
+    container's lock, which the verifier's freeze (``docker pause``) needs; the freeze
+    timed out and the unsolved episode's 0 became an error (re-rolled, out of the loss).
+    The tenant's engine work is now marked (``sandboxes.tenant_engine_work``): the
+    verification waits for it briefly, and what still runs is the tenant's doing, a 0,
+    answered without waiting for the engine."""
+    from service import sandboxes
+
+    monkeypatch.setattr(sandboxes, "TENANT_WORK_SETTLE_S", 1.0)
+    ep = start(stack, TASK, "terminal")
+    sid = ep["sandbox_id"]
+    sh(stack, ep, _SLOW_LINKS)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(600):
+            t.addfile(tarfile.TarInfo(f"L0/f{i:06d}"), io.BytesIO(b""))
+    put: dict[str, object] = {}
+
+    def upload() -> None:
+        r = stack.alice.put(
+            f"/v1/sandboxes/{sid}/files",
+            params={"path": "/app/x"},
+            content=buf.getvalue(),
+            headers={"content-type": "application/x-tar"},
+            timeout=900,
+        )
+        put["status"] = r.status_code
+
+    th = threading.Thread(target=upload)
+    th.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the engine has begun: the first member is there
+        r = stack.alice.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "ls /app/x/real | head -1"})
+        if r.status_code == 200 and r.json()["stdout"].strip():
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the upload never began")
+    t0 = time.monotonic()
+    r = stack.alice.post(f"/v1/episodes/{ep['id']}/verify", json=TRAJ, timeout=900)
+    took = time.monotonic() - t0
+    th.join(timeout=900)
+    assert r.status_code == 200, r.text
+    rec = r.json()
+    assert (rec["reward"], rec["verifier"]["status"]) == (0.0, "ok"), rec["verifier"]
+    assert rec["verifier"]["details"]["dodge"] == "tenant_work_in_flight"
+    assert took < 30, f"answered in {took:.1f} s: it waited for the engine"
+    assert put["status"] == 200, "the upload itself went through"
