@@ -55,7 +55,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        status = {"code": 500}
+        status: dict[str, int | None] = {"code": None}
 
         async def _send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -64,7 +64,11 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, _send)
+        except BaseException:
+            status["code"] = status["code"] or 500
+            raise
         finally:
+            status["code"] = logs.unanswered_status(scope, status["code"])
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
             HTTP_REQUESTS.labels(scope["method"], path, str(status["code"])).inc()

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 LogFormat = Literal["human", "json"]
 HEADER = "x-request-id"
 SCOPE_KEY = "crucible.request_id"  # the id in the ASGI scope, for handlers outside the context
+BODY_TIMED_OUT = "crucible.body_timed_out"  # set by api.edge: the client got a 408
 _VALID_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -110,6 +111,15 @@ def configure(fmt: LogFormat = "human", *, level: str = "INFO") -> None:
         lg.propagate = True
 
 
+def unanswered_status(scope: Scope, code: int | None) -> int:
+    """The status to record for a request: ``code`` when an answer started, else 408 when
+    the edge timed its body out (the client got one), else 499 (nginx's "client closed
+    request": the client left before any answer)."""
+    if code is not None:
+        return code
+    return 408 if scope.get(BODY_TIMED_OUT) else 499
+
+
 class RequestIdMiddleware:
     """Assigns the request id, returns it in ``X-Request-ID`` and writes the access line
     (pure ASGI: no body buffering; the access line is one in-memory log call)."""
@@ -130,7 +140,7 @@ class RequestIdMiddleware:
         scope[SCOPE_KEY] = rid
         token = request_id.set(rid)
         t0 = time.perf_counter()
-        status = {"code": 500}
+        status: dict[str, int | None] = {"code": None}
 
         async def _send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -143,7 +153,11 @@ class RequestIdMiddleware:
 
         try:
             await self.app(scope, receive, _send)
+        except BaseException:
+            status["code"] = status["code"] or 500
+            raise
         finally:
+            status["code"] = unanswered_status(scope, status["code"])
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             duration_ms = round((time.perf_counter() - t0) * 1e3, 3)
             if access_log.isEnabledFor(logging.INFO):

@@ -643,6 +643,7 @@ class PoolManager:
             if row is None or row.state in ENDED_STATES:
                 return
             was_live = row.tenant_id is not None and row.state in tenants.LIVE_STATES
+            reason = reason.replace("\x00", "\ufffd")  # text cannot store NUL (engine.py)
             row.state, row.failure, row.ended_at = "failed", reason[:2000], utcnow()
             if was_live:
                 tenants.release(s, row.tenant_id, tenants.Resources(1, row.cpus, row.memory_mb))

@@ -9,7 +9,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from service.scheduler.spec import Schedule
 from service.text import find_unencodable
@@ -29,6 +36,17 @@ def _tenant_metadata(value: dict[str, MetadataValue]) -> dict[str, MetadataValue
     if reserved := sorted(RESERVED_METADATA_KEYS & value.keys()):
         raise ValueError(f"metadata key {reserved[0]!r} is reserved for the service")
     return value
+
+
+def _no_nul(value: str | None) -> str | None:
+    """Refuse U+0000 in text stored in (or compared with) a text column: PostgreSQL refuses
+    it, a 500 there (worker, error, ids)."""
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain a NUL character (U+0000)")
+    return value
+
+
+NoNul = Annotated[str, AfterValidator(_no_nul)]
 
 
 class _Model(BaseModel):
@@ -293,13 +311,13 @@ class TaskList(_Model):
 class EpisodeIn(_Model):
     """``POST /v1/episodes``: start ``group_size`` episodes of one task from one state."""
 
-    task_id: str = Field(min_length=1, max_length=400)
-    suite: str | None = Field(None, max_length=200)
+    task_id: NoNul = Field(min_length=1, max_length=400)
+    suite: NoNul | None = Field(None, max_length=200)
     group_size: int = Field(1, ge=1)
     ttl_s: int | None = Field(None, ge=1)
-    job_id: str | None = Field(None, max_length=40)
-    work_item_id: str | None = Field(None, max_length=40)
-    group_id: str | None = Field(None, max_length=40)
+    job_id: NoNul | None = Field(None, max_length=40)
+    work_item_id: NoNul | None = Field(None, max_length=40)
+    group_id: NoNul | None = Field(None, max_length=40)
 
 
 class EpisodeOut(_Model):
@@ -419,7 +437,7 @@ class JobOut(_Model):
 class ClaimIn(_Model):
     """``POST /v1/jobs/{id}/claim``."""
 
-    worker: str = Field(min_length=1, max_length=200)
+    worker: NoNul = Field(min_length=1, max_length=200)
     lease_s: float = Field(
         60.0,
         gt=0,
@@ -458,9 +476,9 @@ class WorkItemOut(_Model):
 class CompleteIn(_Model):
     """``POST /v1/work-items/{id}/complete``."""
 
-    worker: str = Field(min_length=1, max_length=200)
+    worker: NoNul = Field(min_length=1, max_length=200)
     ok: bool
-    error: str | None = Field(None, max_length=10000)
+    error: NoNul | None = Field(None, max_length=10000)
     cause: Literal["policy", "verifier", "infrastructure"] = Field(
         "policy",
         description="Why a failed attempt failed: only the policy's or the verifier's failures "

@@ -6,6 +6,9 @@ sees a request (pure ASGI, outermost).
   ``$``, which also matches before a final newline, so ``/v1/sandboxes%0A`` was served as
   ``/v1/sandboxes`` (and the idempotency middleware's patterns matched it the same way); no
   route takes such a character, so none is lost.
+- **NUL in the query.** A query parameter whose name or value decodes to U+0000 is a 400
+  naming it: PostgreSQL's text refuses NUL, so a filter carrying one
+  (``GET /v1/audit?action=%00``) was a 500 there (trial 29); no parameter takes one.
 - **The body's idle deadline.** uvicorn times out an idle kept-alive connection, not a
   body that stops arriving: a request that declared a body and never sent it held its
   connection and its handler forever. While a body is incomplete, each wait for its next
@@ -13,8 +16,12 @@ sees a request (pure ASGI, outermost).
   reads, not the whole body). When it passes, the inner layers see the client as gone
   (``http.disconnect``, which each already handles; what they send then goes nowhere, as
   for a client that left) and the client gets a 408 with ``Connection: close``, unless an
-  answer had started. Nothing stored changes: every route
-  reads its whole body before it acts, and an upload that stops is not kept.
+  answer had started; the access log and metrics record that 408 (``logs.BODY_TIMED_OUT``
+  in the scope), and a client that left with no answer as 499, not 500 (trial 29: anyone
+  could inflate the 5xx rate). An answer that starts before the body ended (a 401 or 413
+  of an upload) closes the connection: no handler waits for the rest, so no deadline
+  bounded a client trickling it. Nothing stored changes: every route reads its whole body
+  before it acts, and an upload that stops is not kept.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import asyncio
 import json
 import re
 from collections.abc import Callable
+from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,6 +39,9 @@ from service import logs
 from service.api.problems import PROBLEM, problem_body
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Set in the scope when the body's idle deadline passed: the inner layers (access log,
+# metrics) record the 408 the client gets, not the 500 of "no answer started".
+TIMED_OUT = logs.BODY_TIMED_OUT
 
 
 class EdgeMiddleware:
@@ -56,6 +67,19 @@ class EdgeMiddleware:
                 "the path holds a control character (U+0000 to U+001F, U+007F)",
                 "path",
                 scope,
+                close=_has_body(scope["headers"]),
+            )
+            return
+        if b"%00" in scope["query_string"]:
+            name = _nul_parameter(scope["query_string"])
+            await _answer(
+                send,
+                400,
+                "Bad query parameter",
+                f"query parameter {name!r} holds a NUL character (U+0000)",
+                name,
+                scope,
+                close=_has_body(scope["headers"]),
             )
             return
         if not _has_body(scope["headers"]):
@@ -74,6 +98,7 @@ class EdgeMiddleware:
                     message = await receive()
             except TimeoutError:
                 state["timed_out"] = True
+                scope[TIMED_OUT] = True
                 return {"type": "http.disconnect"}
             if message["type"] != "http.request" or not message.get("more_body", False):
                 state["complete"] = True
@@ -84,6 +109,11 @@ class EdgeMiddleware:
                 return  # the client is gone for the inner layers: what they send goes nowhere
             if message["type"] == "http.response.start":
                 state["started"] = True
+                if not state["complete"]:
+                    # answered before the body ended (a 401 or 422 of an upload, a 413):
+                    # no handler waits for the rest, so no deadline bounds it; close rather
+                    # than keep a connection a client can trickle bytes into for ever
+                    message = {**message, "headers": _with_close(message.get("headers", []))}
             await send(message)
 
         try:
@@ -101,6 +131,19 @@ class EdgeMiddleware:
                 scope,
                 close=True,
             )
+
+
+def _nul_parameter(query: bytes) -> str:
+    """The name of the first query parameter whose name or value decodes to a NUL (its
+    NULs removed), else ``query``."""
+    for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if "\x00" in k + v:
+            return k.replace("\x00", "") or "query"
+    return "query"
+
+
+def _with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [*(h for h in headers if h[0].lower() != b"connection"), (b"connection", b"close")]
 
 
 def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -8,6 +8,7 @@ a lock upgrade. PostgreSQL runs at READ COMMITTED; correctness comes from guarde
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
+from service.errors import InvalidRequest
 
 # Top-level ``migrations/`` (a package, so the wheel ships it with its versions).
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
@@ -44,6 +46,44 @@ def _sqlite_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
+_BIND_SUFFIX = re.compile(r"_\d+$")  # SQLAlchemy numbers repeated bind names: worker_1
+
+
+def _refuse_nul(engine: Engine) -> None:
+    """Refuse text holding U+0000 before it reaches the database, on both backends alike.
+
+    PostgreSQL's text refuses NUL: a worker, an error, an id or a filter carrying one was a
+    500 there (trial 29: 24 routes' fields, where SQLite stored it). Every statement's bound
+    text is checked here, whichever route or field it came from; JSON is bound serialized
+    (NUL escaped), so metadata and trajectories keep theirs. The transaction rolls back,
+    so nothing stored changes.
+
+    Raises:
+        InvalidRequest: naming the bound column or parameter (``worker``, ``task_id``).
+    """
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _check(
+        _conn: Any, _cursor: Any, _sql: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
+        rows = parameters if executemany else (parameters,)
+        for row in rows:
+            if isinstance(row, dict):
+                items = row.items()
+            elif isinstance(row, (tuple, list)):
+                names = getattr(getattr(context, "compiled", None), "positiontup", None)
+                items = zip(names or ("value",) * len(row), row, strict=False)
+            else:
+                continue
+            for name, value in items:
+                if isinstance(value, str) and "\x00" in value:
+                    field = _BIND_SUFFIX.sub("", name)
+                    raise InvalidRequest(
+                        f"{field} holds a NUL character (U+0000), which text cannot store",
+                        field=field,
+                    )
+
+
 class Database:
     """Owns the SQLAlchemy engine for one database URL.
 
@@ -64,6 +104,7 @@ class Database:
             _sqlite_setup(self.engine)
         else:
             self.engine = create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
+        _refuse_nul(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(
             self.engine.execution_options(crucible_readonly=True), expire_on_commit=False

@@ -388,3 +388,51 @@ def test_a_slow_body_that_keeps_arriving_is_served(
     assert data.startswith(b"HTTP/1.1 200"), data[:300]
     assert json.loads(data.partition(b"\r\n\r\n")[2])["stdout"] == "slow\n"
     stack.alice.delete(f"/v1/sandboxes/{sid}")
+
+
+def _requests_by_status(stack: Stack) -> dict[str, float]:
+    import re
+
+    text = stack.alice.get("/metrics").text
+    out: dict[str, float] = {}
+    for status, value in re.findall(
+        r'^crucible_http_requests_total\{[^}]*status="(\d+)"[^}]*\} (\S+)$', text, re.M
+    ):
+        out[status] = out.get(status, 0.0) + float(value)
+    return out
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "full-stack"])
+def test_a_timed_out_body_is_counted_as_408_not_500(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, lane: bool
+) -> None:
+    """Trial 29: the metrics and the access log defaulted to 500 for a request with no
+    answer started, so every 408 the edge sent (to anyone, no key needed) counted as a 5xx
+    and could trip 5xx alerts. The edge marks the scope; a client that left is a 499."""
+    monkeypatch.setattr(stack.ctx.settings, "body_idle_timeout_s", 1.0)
+    monkeypatch.setattr(stack.ctx.settings, "fast_lane", lane)
+    before = _requests_by_status(stack)
+    head = [("Content-Type", "application/json"), ("Content-Length", "50")]
+    status, _, _, _ = _stalled(stack, "/v1/sandboxes", head, b"{")
+    assert status == 408
+    after = _requests_by_status(stack)
+    assert after.get("500", 0) == before.get("500", 0), (before, after)
+    assert after.get("408", 0) == before.get("408", 0) + 1, (before, after)
+
+
+def test_an_answer_before_the_body_ends_closes_the_connection(stack: Stack) -> None:
+    """Trial 29: an upload refused before its body was read (401: no key) kept its
+    connection, and a client trickling the declared 10^17 bytes held it for ever: no
+    handler waited on the body, so no deadline bounded it. Such an answer now closes."""
+    u = urlparse(stack.url)
+    head = (
+        f"PUT /v1/sandboxes/x/files?path=/tmp/a HTTP/1.1\r\nHost: {u.netloc}\r\n"
+        "Content-Type: application/octet-stream\r\nContent-Length: 100000000000000000\r\n\r\n"
+    )
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(head.encode() + b"x")
+        data = b""
+        while chunk := s.recv(65536):  # ends when the server closes
+            data += chunk
+    top = data.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    assert top.startswith("http/1.1 401") and "connection: close" in top, top
