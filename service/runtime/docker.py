@@ -106,6 +106,8 @@ SUPERVISOR_SOURCES = (
 log = logging.getLogger("crucible.runtime")
 
 FREEZE_ATTEMPTS = 3
+# How long a snapshot whose engine call timed out waits for the engine's commit to end.
+COMMIT_OUTWAIT_S = 3600.0
 """Pause tries before ``DockerRuntime.freeze`` kills the container instead."""
 
 SUPERVISOR_MOUNT = "/opt/crucible"
@@ -1787,9 +1789,49 @@ class DockerRuntime:
         """
         try:
             image = self._api.commit(container_id, repository=repository, tag=tag, pause=True)
+        except requests.exceptions.Timeout as e:
+            # The engine commits on after its answer timed out, with the container paused,
+            # and unpauses it when done. Returning now let the caller hand the sandbox on
+            # (``leased``) while the engine still held it: a verification then took it, its
+            # freeze found it "already paused", and the commit's unpause ran the end state
+            # again under the verifier (trial 32). So wait for the engine's work to end
+            # (a container this runtime froze stays paused: nothing to wait for there).
+            if container_id in self._frozen:
+                raise _map_error(e, f"snapshot of container {container_id}") from e
+            got = self._outwait_commit(container_id, f"{repository}:{tag}")
+            if got is None:
+                raise _map_error(e, f"snapshot of container {container_id}") from e
+            return got
         except Exception as e:
             raise _map_error(e, f"snapshot of container {container_id}") from e
         return image["Id"]
+
+    def _outwait_commit(self, container_id: str, ref: str) -> str | None:
+        """After a commit's call timed out: the image id once the engine's commit made
+        ``ref``, or None once the container is no longer paused without it (the commit
+        failed), the container is gone, or ``COMMIT_OUTWAIT_S`` passed."""
+        deadline = time.monotonic() + COMMIT_OUTWAIT_S
+        while time.monotonic() < deadline:
+            try:
+                return self._api.inspect_image(ref)["Id"]
+            except docker.errors.ImageNotFound:
+                pass
+            except Exception:  # noqa: BLE001 - the engine is slow: ask again
+                time.sleep(1.0)
+                continue
+            try:
+                paused = self._api.inspect_container(container_id)["State"].get("Paused")
+            except docker.errors.NotFound:
+                return None
+            except Exception:  # noqa: BLE001 - the engine is slow: ask again
+                paused = True
+            if not paused:  # the commit ended: made the image just now, or failed
+                with contextlib.suppress(docker.errors.ImageNotFound):
+                    return self._api.inspect_image(ref)["Id"]
+                return None
+            time.sleep(0.5)
+        log.warning("container %s: the engine's commit of %s outlasted the wait", container_id, ref)
+        return None
 
     def unstartable(self, image: str, *, workdir: str) -> str | None:
         """Why a container of the snapshot ``image`` cannot be started, judged from what the
