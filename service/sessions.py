@@ -399,7 +399,8 @@ def _shell_state(sess: Session, state: str) -> Conflict:
     interrupt = (
         "interrupt it with keys C-c"
         if sess.pty
-        else "a session without a terminal has no C-c: wait, or close the session"
+        else "a session without a terminal has no C-c: interrupt it from an exec (pkill -INT) "
+        "or close the session"
     )
     if word == "partial":
         return Conflict(
