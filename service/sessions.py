@@ -66,6 +66,7 @@ MARK_COMMAND = (
 )
 END_MARK = b"\x1b]133;D\x07"
 READY_TIMEOUT_S = 5.0
+LIST_ANSWER_S = 2.0  # a keeper stopped in the sandbox delays the list this long, then "gone"
 HISTORY_LINES = 2000
 _BRACKETED_PASTE_OFF = b"\x1b[?2004l\r"  # readline accepted the line (bash >= 5.1)
 # The emulator's time per screen read, in seconds (wall clock). Every byte the sandbox's
@@ -370,15 +371,18 @@ def get(ctx: ServiceContext, principal: Principal, sandbox_id: str, session_id: 
 def list_sessions(
     ctx: ServiceContext, principal: Principal, sandbox_id: str
 ) -> list[tuple[Session, keeper.KeptStatus | None]]:
-    """The sandbox's sessions, each with its shell's state now (None: its keeper is gone)."""
+    """The sandbox's sessions, each with its shell's state now (None: its keeper is gone or
+    does not answer, e.g. killed or stopped in the sandbox)."""
     row = get_live(ctx, principal, sandbox_id)
     with _lock:
         found = [s for s in _sessions.values() if s.sandbox_id == sandbox_id]
     out: list[tuple[Session, keeper.KeptStatus | None]] = []
     for sess in found:
         try:
-            st: keeper.KeptStatus | None = keeper.status(ctx.runtime, row.container_id, sess.handle)
-        except NotFound:
+            st: keeper.KeptStatus | None = keeper.status(
+                ctx.runtime, row.container_id, sess.handle, answer_s=LIST_ANSWER_S
+            )
+        except CrucibleError:  # one unreachable keeper does not fail the list
             st = None
         out.append((sess, st))
     return out

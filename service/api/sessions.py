@@ -88,7 +88,10 @@ class SessionOut(_Model):
     rows: int
     cols: int
     can_run: bool = Field(description="Whether `run` works: a bash session whose shell still runs.")
-    running: bool = Field(description="Whether the shell still runs.")
+    running: bool = Field(
+        description="Whether the shell still runs (false too when its keeper does not "
+        "answer within 2 s: stopped or killed in the sandbox)."
+    )
     exit_code: int | None = Field(
         description="The shell's exit status once it exited (128+N: killed by signal N)."
     )

@@ -190,6 +190,7 @@ def _op(
     op: str,
     *,
     wait_s: float = 0.0,
+    answer_s: float = OP_TIMEOUT_S,
     **fields: Any,
 ) -> tuple[bytes, dict[str, str]]:
     if not 0 <= wait_s <= MAX_WAIT_S:
@@ -202,14 +203,15 @@ def _op(
     except channel.Unavailable:
         raise NotFound(f"no process {handle} in this sandbox", field="handle") from None
     record = encode_keeper_op(op, wait_ms=round(wait_s * 1000) if wait_s else None, **fields)
-    return _exchange(
-        sock, record, timeout_s=OP_TIMEOUT_S + wait_s, what=f"{op} on process {handle}"
-    )
+    return _exchange(sock, record, timeout_s=answer_s + wait_s, what=f"{op} on process {handle}")
 
 
-def status(runtime: KeeperRuntime, container_id: str, handle: int) -> KeptStatus:
-    """The process's state. ``NotFound`` for an unknown (or released) handle."""
-    return _status(_op(runtime, container_id, handle, "pstatus")[1])
+def status(
+    runtime: KeeperRuntime, container_id: str, handle: int, *, answer_s: float = OP_TIMEOUT_S
+) -> KeptStatus:
+    """The process's state. ``NotFound`` for an unknown (or released) handle; ``Conflict``
+    when its keeper does not answer within ``answer_s`` seconds (stopped in the sandbox)."""
+    return _status(_op(runtime, container_id, handle, "pstatus", answer_s=answer_s)[1])
 
 
 def _output(data: bytes, kv: dict[str, str]) -> KeptOutput:

@@ -1358,6 +1358,7 @@ struct keeper {
     size_t marklen;
     struct waiter w[KEEP_MAX_WAITERS];
     int nw;
+    int release_fd; /* prelease's connection, answered once the keeper is gone */
 };
 
 static int recv_fd(int sock) {
@@ -1731,12 +1732,13 @@ static int keeper_queue(struct keeper *kp, const unsigned char *data, size_t len
     return 0;
 }
 
-/* Keys for a session's shell: note what they typed (see `typed_eol`). A terminal's line
- * ends are CR and LF (and C-o, readline's operate-and-get-next); a pipe's only LF. */
+/* Keys for a session's shell: note what they typed (see `typed_eol`). Line ends are CR and
+ * LF (bash ends a line at either, on a pipe too), and on a terminal C-o (readline's
+ * operate-and-get-next). */
 static void keeper_note_typed(struct keeper *kp, const unsigned char *data, size_t len) {
     for (size_t i = 0; i < len; i++) {
         unsigned char c = data[i];
-        if (c == '\n' || (kp->pty && (c == '\r' || c == 0x0f))) {
+        if (c == '\n' || c == '\r' || (kp->pty && c == 0x0f)) {
             kp->typed_eol = 1;
             kp->typed_tail = 0;
         } else {
@@ -1838,7 +1840,8 @@ static int keeper_serve(struct keeper *kp, int conn) {
             emit(&s, 'R', "ok=1\n", 5);
     } else if (strcmp(rq.op, "prelease") == 0) {
         signal_tree(kp, kp->pty ? SIGHUP : SIGTERM, rq.grace_ms); /* a shell ignores TERM */
-        emit(&s, 'R', "ok=1\n", 5);
+        kp->release_fd = conn; /* answered by keeper_loop once this keeper's slot is free */
+        keep_open = 1;
         quit = 1;
     } else {
         emit_error(&s, "request", "unknown op %s for a kept process", rq.op);
@@ -1897,6 +1900,14 @@ static void keeper_loop(struct keeper *kp, int priv) {
         keeper_wake(kp);
     }
     signal_tree(kp, SIGKILL, 0);
+    /* Free this keeper's slot in the idle supervisor (it sees the private socket hang up,
+     * and handles that before a control byte sent after it) before a release is answered:
+     * a `spawn` right after the answer finds the room. */
+    close(priv);
+    if (kp->release_fd >= 0) {
+        struct sink s = {.fd = kp->release_fd, .broken = 0};
+        emit(&s, 'R', "ok=1\n", 5);
+    }
     _exit(0);
 }
 
@@ -1914,7 +1925,7 @@ static int run_spawn(const struct request *rq, struct sink *s) {
     }
     struct keeper *kp = xmalloc(sizeof *kp);
     memset(kp, 0, sizeof *kp);
-    kp->out_fd = kp->err_fd = kp->master = kp->in_fd = kp->mark_fd = -1;
+    kp->out_fd = kp->err_fd = kp->master = kp->in_fd = kp->mark_fd = kp->release_fd = -1;
     kp->pty = rq->pty;
     kp->last_rc = -1;
     int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1}, report[2], mark[2] = {-1, -1};

@@ -53,7 +53,7 @@ def test_run_behind_a_command_started_with_keys_is_its_own(stack: Stack, sid: st
     # Trial 30: behind keys' `sleep 2; false`, run("echo queued") answered exit 1 and ''.
     c = stack.alice
     ses = session(c, sid)["id"]
-    keys(c, sid, ses, text="sleep 0.4; false\n")
+    keys(c, sid, ses, text="sleep 0.2; false\n")
     out = run(c, sid, ses, "echo queued", timeout_s=10)  # waits for the keys' prompt
     assert (out["output"], out["exit_code"]) == ("queued\r\n", 0)
     keys(c, sid, ses, text="sleep 30; false\n")
@@ -111,7 +111,7 @@ def test_the_run_after_a_timed_out_one_carries_no_prompt_mark(
     # earlier command's prompt mark), having been typed ahead behind it.
     c = stack.alice
     ses = session(c, sid, pty=pty)["id"]
-    out = run(c, sid, ses, "sleep 0.9", timeout_s=0.3)
+    out = run(c, sid, ses, "sleep 0.6", timeout_s=0.3)
     assert out["timed_out"] is True
     out = run(c, sid, ses, "echo after", timeout_s=10)  # waits for sleep's prompt
     nl = "\r\n" if pty else "\n"
@@ -190,3 +190,22 @@ def test_exit_status_survives_the_prompt_and_runs_back_to_back(stack: Stack, sid
         out = run(c, sid, ses, f"echo n{i}", timeout_s=10)
         assert (out["output"], out["exit_code"]) == (f"n{i}\r\n", 0)
     at_prompt(c, sid, ses)
+
+
+def test_the_list_answers_while_a_session_keeper_is_stopped(stack: Stack, sid: str) -> None:
+    # The list asks each shell's state now; a keeper stopped in the sandbox (the agent's
+    # `kill -STOP`) is shown not running after 2 s instead of holding the list 10 s.
+    c = stack.alice
+    ses = session(c, sid)
+    r = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": f"kill -STOP {ses['handle']}"})
+    assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+    try:
+        t0 = time.monotonic()
+        listed = {s["id"]: s for s in c.get(f"/v1/sandboxes/{sid}/sessions").json()["sessions"]}
+        assert time.monotonic() - t0 < 6
+        assert (listed[ses["id"]]["running"], listed[ses["id"]]["can_run"]) == (False, False)
+    finally:
+        c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": f"kill -CONT {ses['handle']}"})
+    listed = {s["id"]: s for s in c.get(f"/v1/sandboxes/{sid}/sessions").json()["sessions"]}
+    assert (listed[ses["id"]]["running"], listed[ses["id"]]["can_run"]) == (True, True)
+    assert run(c, sid, ses["id"], "echo alive")["output"] == "alive\r\n"
