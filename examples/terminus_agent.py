@@ -69,6 +69,7 @@ class TerminusScriptPolicy:
     status (see the module docstring). ``suite_dir``: the local suite folder."""
 
     name, version = "terminus-script", "1"
+    modes = ("session",)  # Terminus JSON only
 
     def __init__(self, suite_dir: Path = SUITE_DIR, *, run_timeout_s: float = 300.0) -> None:
         self.suite_dir, self.run_timeout_s = Path(suite_dir), run_timeout_s

@@ -270,6 +270,9 @@ class RolloutRunner:
 
     ``on_record`` is called with each ``RewardRecord`` as it is stored (progress bars).
     ``stragglers`` lists the episode ids the runner cut under the job's straggler policy.
+    Raises ``ValueError`` at once when the policy declares ``modes`` without
+    ``config.mode`` (a scripted policy of the other format would burn every turn on parse
+    errors and score 0 without a word).
     """
 
     def __init__(
@@ -283,6 +286,13 @@ class RolloutRunner:
     ) -> None:
         self.client, self.policy = client, policy
         self.config = config or RolloutConfig()
+        modes = getattr(policy, "modes", None)
+        if modes is not None and self.config.mode not in modes:
+            raise ValueError(
+                f"policy {policy.name!r} cannot drive {self.config.mode!r} episodes "
+                f"(RolloutConfig(mode={self.config.mode!r})): it answers only in "
+                f"{', '.join(map(repr, modes))} mode, whatever the prompt asks"
+            )
         self.sync_client = sync_client or Client(client.base_url, client.api_key)
         self.on_record = on_record
         self.batcher = Batcher(
@@ -606,6 +616,7 @@ class RolloutRunner:
             suite=ep.suite,
             instruction=ep.instruction,
             workdir=ep.workdir,
+            mode=self.config.mode,
         )
         messages = initial_messages(ep.instruction)
         traj = _Trajectory(instruction=ep.instruction, prompt_messages=list(messages))

@@ -148,8 +148,9 @@ class TemplateOut(_Out):
 
 
 class SessionOut(_Out):
-    """A shell session: its id, the kept process's ``handle``, its terminal size, and
-    whether ``run`` knows when a command ends (``can_run``: bash)."""
+    """A shell session: its id, the kept process's ``handle``, its terminal size, whether
+    ``run`` works (``can_run``: a bash session whose shell still runs), and the shell's state
+    (``running``; ``exit_code`` once it exited)."""
 
     id: str
     sandbox_id: str
@@ -158,6 +159,8 @@ class SessionOut(_Out):
     rows: int
     cols: int
     can_run: bool
+    running: bool
+    exit_code: int | None
 
 
 class SessionList(_Out):
@@ -167,8 +170,10 @@ class SessionList(_Out):
 
 
 class RunOut(_Out):
-    """What the terminal showed while a session command ran; ``exit_code`` None on timeout;
-    ``duration_ms`` wall milliseconds."""
+    """What the terminal showed while a session command ran; ``exit_code`` None on timeout
+    (the command still runs), the shell's exit status when the command ended the shell
+    (``shell_exited``: the session takes no more runs or keys); ``duration_ms`` wall
+    milliseconds."""
 
     output: str
     output_b64: str
@@ -176,6 +181,7 @@ class RunOut(_Out):
     timed_out: bool
     truncated: bool
     duration_ms: float
+    shell_exited: bool
 
 
 class ScreenOut(_Out):

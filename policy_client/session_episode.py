@@ -4,8 +4,11 @@
 episode opens one bash session on a pseudo-terminal in the task's workdir; the policy sees
 the instruction and the first screen (``session_prompt``), answers Terminus-style JSON
 (``commands``: keystrokes + duration, ``task_complete``), and after each turn's keys sees the
-screen again. Each trajectory turn records the reply (``action``), the ``keys`` sent in
-order, and the ``screen`` read after them. The session is closed before verification.
+screen again. A keystrokes string that is exactly a tmux key name (``C-c``, ``Escape``,
+``Enter``...: ``terminal_keys``) is sent as that key, as Terminus's ``tmux send-keys`` does;
+anything else is typed as written. Each trajectory turn records the reply (``action``), the
+``keys`` sent in order (as written), and the ``screen`` read after them. The session is
+closed before verification.
 
 Waiting for the terminal (``wait_for_screen``): after keys, the screen is read with the
 server's ``wait_s`` (answered as soon as new bytes arrive) until the shell prompts again
@@ -22,6 +25,7 @@ from typing import Any
 from policy_client.client import AsyncClient
 from policy_client.schemas import ScreenOut
 from policy_client.session_prompt import at_prompt, screen_text
+from policy_client.terminal_keys import key_bytes
 
 QUIET_S = 0.25
 POLL_S = 1.0
@@ -72,8 +76,9 @@ async def play_turn(
     before: ScreenOut,
     remaining_s: float,
 ) -> SessionTurn:
-    """Send each ``(keystrokes, duration_s)`` in order, waiting on the screen after each
-    (never past ``remaining_s`` seconds in all); return what was sent and the last screen."""
+    """Send each ``(keystrokes, duration_s)`` in order (a key name as its key:
+    ``terminal_keys.key_bytes``), waiting on the screen after each (never past
+    ``remaining_s`` seconds in all); return what was sent (as written) and the last screen."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + remaining_s
     sent: list[str] = []
@@ -83,7 +88,8 @@ async def play_turn(
         if left <= 0:
             break
         if keys:
-            await client.send_keys(sandbox_id, session_id, text=keys)
+            named = key_bytes(keys)  # "C-c", "Escape": that key, as tmux send-keys does
+            await client.send_keys(sandbox_id, session_id, text=keys if named is None else named)
             sent.append(keys)
         screen = await wait_for_screen(
             client,

@@ -7,10 +7,12 @@ Each assistant turn is ONE JSON object, as Terminal-Bench's Terminus agent answe
      "commands": [{"keystrokes": "ls -la\\n", "duration": 1.0}],
      "task_complete": false}
 
-``keystrokes`` go to the terminal exactly as written (a command ends with ``\\n``; Ctrl-C is
-``\\u0003``); ``duration`` is the most seconds to wait after them (the wait ends early once the
-shell prompts again and the screen is quiet). Each following user message is the screen as a
-terminal emulator renders it, capped at ``MAX_SCREEN_CHARS``.
+``keystrokes`` go to the terminal exactly as written (a command ends with ``\\n``), except
+that a string that is exactly a tmux key name is that key (``"C-c"`` is Ctrl-C, as
+Terminus's prompt tells models; ``terminal_keys``); ``duration`` is the most seconds to
+wait after them (the wait ends early once the shell prompts again and the screen is quiet).
+Each following user message is the screen as a terminal emulator renders it, capped at
+``MAX_SCREEN_CHARS``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from policy_client.prompt import encodable
 from policy_client.schemas import ScreenOut
 
-SESSION_PROMPT_VERSION = "terminus-1"
+SESSION_PROMPT_VERSION = "terminus-2"  # 2: tmux key names (C-c, Escape...) are keys
 MAX_SCREEN_CHARS = 8000
 MAX_DURATION_S = 600.0
 MAX_COMMANDS = 1024  # keys per turn the server records (``TurnIn.keys``)
@@ -33,8 +35,9 @@ Each turn, reply with exactly one JSON object:
 {"analysis": "<what the screen shows>", "plan": "<what you do next>",
  "commands": [{"keystrokes": "<keys to type, e.g. ls -la\\n>", "duration": <seconds to wait>}],
  "task_complete": <true when the task is done>}
-Keystrokes are typed as given: end a command with \\n, send Ctrl-C as \\u0003. After your
-commands you see the screen."""
+Keystrokes are typed as given: end a command with \\n. For special keys, send a keystrokes
+string that is exactly a tmux key name: C-c for Ctrl+C, C-d for Ctrl+D, C-z, Escape, Enter,
+Tab, BSpace, Up, Down, Left, Right. After your commands you see the screen."""
 
 _FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
 

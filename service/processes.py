@@ -93,14 +93,15 @@ def start(
 ) -> tuple[Entry, keeper.KeptStatus]:
     """Start ``req`` detached (``req.max_output_bytes`` = bytes kept per stream, newest).
 
-    Raises ``Conflict`` (sandbox not leased, no exec channel, 64 kept already),
-    ``InvalidRequest`` (cwd, fields), ``NotFound`` (not the caller's sandbox).
+    Raises ``Conflict`` (sandbox not leased, no exec channel, 64 kept already: ended ones
+    count until released), ``InvalidRequest`` (cwd, fields; a ``cmd`` list whose program
+    cannot be executed: field ``cmd``), ``NotFound`` (not the caller's sandbox).
     """
     row = get_live(ctx, principal, sandbox_id)
     cmd = _cmd_text(req.cmd)
     details: dict[str, Any] = {"cmd": cmd[:4096], "cmd_truncated": len(cmd) > 4096}
     try:
-        handle, pid = keeper.spawn(ctx.runtime, row.container_id, req)
+        handle, pid = keeper.spawn(ctx.runtime, row.container_id, req, sandbox_id=sandbox_id)
         st = keeper.status(ctx.runtime, row.container_id, handle)
     except CrucibleError as e:
         audit_event(ctx, principal, row, "sandbox.process.start", {**details, "error": e.detail})

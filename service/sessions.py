@@ -5,7 +5,15 @@ sandbox's supervisor (``service.runtime.keeper``), with a terminal emulator (``p
   the mark pipe (``PROMPT_COMMAND`` writes ``$?`` to fd 63, which the supervisor owns), so
   completion is known without scraping the output. A command of several lines is sent as
   one group (``{ ...\n}``), so the answer comes at the prompt after all of it (heredocs,
-  quoted strings and ``if ... fi`` over lines included).
+  quoted strings and ``if ... fi`` over lines included). The line is written only while the
+  shell is idle at its prompt, so the next prompt is this line's (the keeper's ``prun``):
+  not while an earlier run's command still runs, nor after keys that ended a line until
+  the shell prompted again with nothing typed left unread, nor (on a terminal) while
+  another process group holds the foreground. A shell still busy after 1 s (at most the
+  run's ``timeout_s``) is a 409 saying why, and nothing is written. On a terminal a partly
+  typed line (keys without Enter) is erased first (C-e C-u); without one it cannot be, and
+  the run is a 409. A shell that exits during a run answers with its exit status
+  (``shell_exited``); later runs and keys are 409s saying so.
 - ``keys``: raw text or named keys (``terminal_keys.toml``) to the terminal.
 - ``screen``: every byte the terminal showed since the last read, fed to a ``pyte``
   ``HistoryScreen``; returns the display, the cursor and the scrollback. The feed never
@@ -48,12 +56,17 @@ KEYS: dict[str, str] = tomllib.loads((Path(__file__).with_name("terminal_keys.to
 # to the terminal, then the exit status to the supervisor's mark pipe, before the prompt: when
 # the mark arrives, the terminal bytes up to OSC 133;D are in (the supervisor reads the
 # terminal before it counts the mark), and a run's output ends there.
+# The function hands ``$?`` back to the shell without a fork: ``(exit $crucible_rc)`` forked
+# a subshell at every prompt, which held the terminal's foreground just after the mark (a
+# run right after looked busy) and cost ~0.3 ms.
 MARK_COMMAND = (
-    'crucible_rc=$?; printf "\\033]133;D\\007"; '
-    f'printf "%s\\n" "$crucible_rc" >&{keeper.MARK_FD}; (exit $crucible_rc)'
+    'crucible_rc=$?; __crucible_mark() { printf "\\033]133;D\\007"; '
+    f'printf "%s\\n" "$crucible_rc" >&{keeper.MARK_FD}; return "$crucible_rc"; }}; '
+    "__crucible_mark"
 )
 END_MARK = b"\x1b]133;D\x07"
 READY_TIMEOUT_S = 5.0
+LIST_ANSWER_S = 2.0  # a keeper stopped in the sandbox delays the list this long, then "gone"
 HISTORY_LINES = 2000
 _BRACKETED_PASTE_OFF = b"\x1b[?2004l\r"  # readline accepted the line (bash >= 5.1)
 # The emulator's time per screen read, in seconds (wall clock). Every byte the sandbox's
@@ -257,8 +270,9 @@ def create(
 
     ``max_output_bytes``: terminal bytes kept in the sandbox (the newest; default the exec
     default). ``user``: see ``service.sandbox_user.with_user`` (default the template's).
-    Raises ``InvalidRequest`` (sizes, cwd, env), ``Conflict`` (no exec channel,
-    sandbox not leased, shell never prompted), ``NotFound``, ``Forbidden`` (``user``).
+    Raises ``InvalidRequest`` (sizes, cwd, env; a ``shell`` that cannot be executed),
+    ``Conflict`` (no exec channel, sandbox not leased, 64 kept already, shell never
+    prompted), ``NotFound``, ``Forbidden`` (``user``).
     """
     check_size(rows, cols)
     if not shell.startswith("/") or "\0" in shell:
@@ -282,9 +296,21 @@ def create(
     row = get_live(ctx, principal, sandbox_id)
     details: dict[str, Any] = {"shell": shell, "pty": pty, "rows": rows, "cols": cols}
     try:
-        handle, pid = keeper.spawn(
-            ctx.runtime, row.container_id, req, pty=pty, rows=rows, cols=cols, marks=marks
-        )
+        try:
+            handle, pid = keeper.spawn(
+                ctx.runtime,
+                row.container_id,
+                req,
+                pty=pty,
+                rows=rows,
+                cols=cols,
+                marks=marks,
+                sandbox_id=sandbox_id,
+            )
+        except InvalidRequest as e:
+            if e.field != "cmd":
+                raise
+            raise InvalidRequest(f"shell: {e.detail}", field="shell") from e
         if marks:
             _await_prompt(ctx, row.container_id, handle)
     except CrucibleError as e:
@@ -342,24 +368,92 @@ def get(ctx: ServiceContext, principal: Principal, sandbox_id: str, session_id: 
     return sess
 
 
-def list_sessions(ctx: ServiceContext, principal: Principal, sandbox_id: str) -> list[Session]:
-    """The sandbox's sessions."""
-    get_live(ctx, principal, sandbox_id)
+def list_sessions(
+    ctx: ServiceContext, principal: Principal, sandbox_id: str
+) -> list[tuple[Session, keeper.KeptStatus | None]]:
+    """The sandbox's sessions, each with its shell's state now (None: its keeper is gone or
+    does not answer, e.g. killed or stopped in the sandbox)."""
+    row = get_live(ctx, principal, sandbox_id)
     with _lock:
-        return [s for s in _sessions.values() if s.sandbox_id == sandbox_id]
+        found = [s for s in _sessions.values() if s.sandbox_id == sandbox_id]
+    out: list[tuple[Session, keeper.KeptStatus | None]] = []
+    for sess in found:
+        try:
+            st: keeper.KeptStatus | None = keeper.status(
+                ctx.runtime, row.container_id, sess.handle, answer_s=LIST_ANSWER_S
+            )
+        except CrucibleError:  # one unreachable keeper does not fail the list
+            st = None
+        out.append((sess, st))
+    return out
+
+
+def _exited(code: int | None, session_id: str) -> Conflict:
+    return Conflict(
+        f"the session's shell exited (exit code {code}): it takes no more runs or keys; "
+        f"close it (DELETE .../sessions/{session_id}) and start another"
+    )
+
+
+def _shell_state(sess: Session, state: str) -> Conflict:
+    """The 409 for a ``prun`` the keeper refused (``keeper.ShellState``)."""
+    word, _, rest = state.partition(" ")
+    if word == "exited":
+        return _exited(int(rest) if rest.lstrip("-").isdigit() else None, sess.id)
+    interrupt = (
+        "interrupt it with keys C-c"
+        if sess.pty
+        else "a session without a terminal has no C-c: interrupt it from an exec (pkill -INT) "
+        "or close the session"
+    )
+    if word == "partial":
+        return Conflict(
+            "the shell's input holds a partly typed line (keys without a line end since its "
+            "last prompt), which a session without a terminal cannot erase: end it (keys "
+            "Enter) and wait for the prompt, or close the session"
+        )
+    if rest == "run":
+        why = "the command of an earlier run is still running (its prompt has not come back)"
+    elif rest == "keys":
+        why = (
+            "a line sent with keys has not finished (no prompt since: it still runs, or the "
+            "shell waits for the rest of it, as after an open quote)"
+        )
+    elif rest.startswith("foreground"):
+        why = (
+            f"process group {rest.split()[-1]} holds the terminal's foreground (a program "
+            "started with keys)"
+        )
+    else:
+        why = rest
+    return Conflict(
+        f"the shell is busy: {why}; nothing was written. Wait for its prompt (screen with "
+        f"wait_s), or {interrupt}"
+    )
+
+
+def _gone(ctx: ServiceContext, container_id: str, sess: Session) -> Conflict | None:
+    """The 409 for an op on a session whose shell exited (None when it still runs)."""
+    try:
+        st = keeper.status(ctx.runtime, container_id, sess.handle)
+    except CrucibleError:
+        return None
+    return None if st.running else _exited(st.exit_code, sess.id)
 
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """A command run in a session: ``output`` is what the terminal showed between the
     command line and the next prompt (the echo of the line removed), ``exit_code`` the
-    shell's ``$?`` (None when it timed out), ``duration_ms`` wall time in milliseconds."""
+    shell's ``$?`` (None when it timed out; the shell's exit status when the command ended
+    the shell: ``shell_exited``), ``duration_ms`` wall time in milliseconds."""
 
     output: bytes
     exit_code: int | None
     timed_out: bool
     truncated: bool
     duration_ms: float
+    shell_exited: bool = False
 
 
 def _strip_echo(data: bytes, line: bytes) -> bytes:
@@ -381,7 +475,8 @@ def run(
     timeout_s: float,
 ) -> RunResult:
     """Run one command line in the session (module docstring). On timeout the command keeps
-    running (send ``C-c`` with ``keys``). Audited as ``sandbox.session.run``."""
+    running (send ``C-c`` with ``keys``). Audited as ``sandbox.session.run``. ``Conflict``
+    when the shell is busy or exited (``_shell_state``): nothing was written then."""
     sess = get(ctx, principal, sandbox_id, session_id)
     if not sess.marks:
         raise Conflict("run needs a bash session (this shell reports no prompts)")
@@ -399,7 +494,12 @@ def run(
     line = text.encode() + b"\n"
     t0 = time.perf_counter()
     try:
-        out = keeper.run_line(ctx.runtime, row.container_id, sess.handle, line, wait_s=timeout_s)
+        try:
+            out = keeper.run_line(
+                ctx.runtime, row.container_id, sess.handle, line, wait_s=timeout_s
+            )
+        except keeper.ShellState as e:
+            raise _shell_state(sess, e.state) from e
     except CrucibleError as e:
         processes.audit_event(
             ctx,
@@ -417,12 +517,18 @@ def run(
     truncated = len(data) > cap or out.dropped > 0
     if len(data) > cap:
         data = data[: cap - cap // 2] + data[len(data) - cap // 2 :]
+    exited = not out.status.running
+    if out.done:
+        exit_code: int | None = out.status.last_rc
+    else:  # no prompt: still running (timed out), or the shell ended (``exit``)
+        exit_code = out.status.exit_code if exited else None
     res = RunResult(
         output=data,
-        exit_code=out.status.last_rc if out.done else None,
-        timed_out=not out.done,
+        exit_code=exit_code,
+        timed_out=not out.done and not exited,
         truncated=truncated,
         duration_ms=(time.perf_counter() - t0) * 1000,
+        shell_exited=exited,
     )
     processes.audit_event(
         ctx,
@@ -436,6 +542,7 @@ def run(
             "timeout_s": timeout_s,
             "exit_code": res.exit_code,
             "timed_out": res.timed_out,
+            "shell_exited": res.shell_exited,
             "output_bytes": len(out.data),
             "duration_ms": round(res.duration_ms, 3),
         },
@@ -467,7 +574,12 @@ def send_keys(
     length and their first 512 characters)."""
     sess = get(ctx, principal, sandbox_id, session_id)
     row = get_live(ctx, principal, sandbox_id)
-    st = keeper.write(ctx.runtime, row.container_id, sess.handle, data)
+    try:
+        st = keeper.write(ctx.runtime, row.container_id, sess.handle, data)
+    except keeper.ShellState as e:  # the shell exited
+        raise _shell_state(sess, e.state) from e
+    except Conflict as e:  # a terminal's closed stdin: its shell exited?
+        raise _gone(ctx, row.container_id, sess) or e from e
     processes.audit_event(
         ctx,
         principal,
@@ -556,7 +668,10 @@ def resize(
     check_size(rows, cols)
     sess = get(ctx, principal, sandbox_id, session_id)
     row = get_live(ctx, principal, sandbox_id)
-    keeper.resize(ctx.runtime, row.container_id, sess.handle, rows, cols)
+    try:
+        keeper.resize(ctx.runtime, row.container_id, sess.handle, rows, cols)
+    except Conflict as e:
+        raise _gone(ctx, row.container_id, sess) or e from e
     with sess.lock:
         sess.screen.resize(rows, cols)
         sess.rows, sess.cols = rows, cols

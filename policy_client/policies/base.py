@@ -18,7 +18,9 @@ Traffic = Literal["batch", "interactive"]
 
 @dataclass(frozen=True, kw_only=True)
 class EpisodeContext:
-    """What a policy may know about an episode: ids, the task, where to act."""
+    """What a policy may know about an episode: ids, the task, where to act, and how it
+    acts (``mode``: ``"exec"``, one command per reply, ``prompt.py``; ``"session"``,
+    Terminus JSON of keystrokes per reply, ``session_prompt.py``)."""
 
     episode_id: str
     sandbox_id: str
@@ -26,6 +28,7 @@ class EpisodeContext:
     suite: str
     instruction: str
     workdir: str
+    mode: Literal["exec", "session"] = "exec"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +74,13 @@ class PolicyAction:
 
 @runtime_checkable
 class Policy(Protocol):
-    """Anything that turns a batch of conversations into actions."""
+    """Anything that turns a batch of conversations into actions.
+
+    A policy whose replies follow one episode mode's format whatever the chat says (a
+    scripted one) declares the modes it can drive as ``modes`` (a tuple of ``"exec"`` /
+    ``"session"``); ``RolloutRunner`` refuses a config of another mode up front. Without
+    ``modes`` it is taken to follow the chat's instructions (a model), in either mode.
+    """
 
     name: str
     version: str

@@ -1,9 +1,13 @@
 """Policies that need no model: ``OraclePolicy`` replays a task's solution (it validates
-tasks: every oracle must score 1.0) and ``NoopPolicy`` does nothing (every no-op must score 0)."""
+tasks: every oracle must score 1.0) and ``NoopPolicy`` does nothing (every no-op must score 0).
+Both answer in the episode's mode (``EpisodeContext.mode``): a fenced command or the done
+marker in exec mode, Terminus JSON in session mode."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -12,15 +16,38 @@ from policy_client import calls
 from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
 from policy_client.prompt import DONE_MARKER
 
+# Session mode: the oracle types its run and this echo, then waits on the screen for it.
+ORACLE_EXIT_RE = re.compile(r"crucible-oracle-exit=(\d+)")
+ORACLE_RUN_S = 600.0  # the most one turn waits (``session_prompt.MAX_DURATION_S``)
+ORACLE_POLL_S = 30.0
+
+
+def terminus_reply(commands: list[tuple[str, float]], *, done: bool) -> str:
+    """A Terminus JSON reply (session mode): ``(keystrokes, duration)`` in order."""
+    return json.dumps(
+        {
+            "analysis": "",
+            "plan": "",
+            "commands": [{"keystrokes": k, "duration": d} for k, d in commands],
+            "task_complete": done,
+        }
+    )
+
 
 class NoopPolicy:
     """Declares the task done without acting."""
 
     name, version = "noop", "1"
+    modes = ("exec", "session")
 
     def act(self, batch: list[PolicyRequest]) -> list[PolicyAction]:
-        """Always the done marker."""
-        return [PolicyAction(text=DONE_MARKER) for _ in batch]
+        """Always done: the done marker (exec), ``task_complete`` and no keys (session)."""
+        return [
+            PolicyAction(
+                text=terminus_reply([], done=True) if r.episode.mode == "session" else DONE_MARKER
+            )
+            for r in batch
+        ]
 
     def prepare(self, episode: EpisodeContext, client: Any) -> None:
         """Nothing to prepare."""
@@ -38,6 +65,7 @@ class OraclePolicy:
     """
 
     name, version = "oracle", "1"
+    modes = ("exec", "session")
 
     def __init__(self, suite_dir: str | Path) -> None:
         try:
@@ -69,15 +97,21 @@ class OraclePolicy:
         client.run(calls.put_file(episode.sandbox_id, "/solution", buf.getvalue(), tar=True))
 
     def act(self, batch: list[PolicyRequest]) -> list[PolicyAction]:
-        """Turn 0: run the solution script in the workdir; then: done."""
-        return [
-            PolicyAction(
-                text=f"```bash\nbash /solution/{self._solution(r.episode.task_id).name}\n```"
-                if r.turn == 0
-                else DONE_MARKER
-            )
-            for r in batch
-        ]
+        """Exec mode: turn 0 runs the solution script in the workdir; then done. Session
+        mode: turn 0 types that run and an echo of its exit status; later turns wait on the
+        screen until the status shows, then done."""
+        return [PolicyAction(text=self._act(r)) for r in batch]
+
+    def _act(self, r: PolicyRequest) -> str:
+        run = f"bash /solution/{self._solution(r.episode.task_id).name}"
+        if r.episode.mode != "session":
+            return f"```bash\n{run}\n```" if r.turn == 0 else DONE_MARKER
+        if r.turn == 0:
+            keys = f'{run}; echo "crucible-oracle-exit=$?"\n'
+            return terminus_reply([(keys, ORACLE_RUN_S)], done=False)
+        if ORACLE_EXIT_RE.search(r.messages[-1]["content"]):
+            return terminus_reply([], done=True)
+        return terminus_reply([("", ORACLE_POLL_S)], done=False)  # still running: wait
 
     def end_episode(self, episode_id: str) -> None:
         """Nothing to forget."""

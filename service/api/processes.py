@@ -22,10 +22,23 @@ class ProcessIn(_Model):
     """``POST /v1/sandboxes/{id}/processes``: start ``cmd`` detached. ``max_output_bytes``
     is what is kept of each stream (the newest bytes)."""
 
-    cmd: str | list[str] = Field(min_length=1)
-    cwd: str | None = Field(None, min_length=1, max_length=4096)
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    max_output_bytes: int | None = Field(None, ge=0)
+    cmd: str | list[str] = Field(
+        min_length=1,
+        description="A shell string (run by /bin/sh -c) or an argv list (a program that "
+        "cannot be executed is a 400 naming `cmd`).",
+    )
+    cwd: str | None = Field(
+        None, min_length=1, max_length=4096, description="Start directory (400 if missing)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=256, description="Environment over the sandbox's."
+    )
+    max_output_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Bytes kept of each stream (the newest; older ones are dropped and a "
+        "read says how many). Default the exec default.",
+    )
     user: str | None = Field(
         None,
         min_length=1,
@@ -39,18 +52,24 @@ class ProcessOut(_Model):
     """A background process: ``exit_code`` None while it runs (128+N for signal N);
     ``*_bytes`` written so far, ``*_first`` the oldest offset still kept."""
 
-    handle: int
-    pid: int
+    handle: int = Field(
+        description="Names the process in later calls; it and its output stay until "
+        "released (DELETE), even after it exited, and count toward the 64 kept."
+    )
+    pid: int = Field(description="Its pid inside the sandbox.")
     cmd: str
     running: bool
-    exit_code: int | None
+    exit_code: int | None = Field(description="None while it runs; 128+N: killed by signal N.")
     signal: int | None
-    stdout_bytes: int
-    stderr_bytes: int
-    stdout_first: int
-    stderr_first: int
+    stdout_bytes: int = Field(description="Bytes it wrote to stdout so far (kept or not).")
+    stderr_bytes: int = Field(description="Bytes it wrote to stderr so far (kept or not).")
+    stdout_first: int = Field(
+        description="The oldest stdout offset still kept: a read from before it loses "
+        "`stdout_first - offset` bytes (its `dropped`)."
+    )
+    stderr_first: int = Field(description="The oldest stderr offset still kept.")
     stdin_open: bool
-    stdin_pending: int
+    stdin_pending: int = Field(description="Stdin bytes buffered that it has not read yet.")
 
 
 class ProcessList(_Model):
@@ -63,27 +82,40 @@ class OutputOut(_Model):
     """Bytes ``[offset, next)`` of a stream (``data`` as text, ``data_b64`` raw);
     ``dropped``: asked-for bytes that had left the kept window."""
 
-    data: str
-    data_b64: str
-    offset: int
-    next: int
-    dropped: int
+    data: str = Field(description="The bytes as UTF-8 (invalid bytes replaced).")
+    data_b64: str = Field(description="The bytes exactly (base64).")
+    offset: int = Field(description="Where `data` starts: the asked offset, or later.")
+    next: int = Field(description="The offset to read from next.")
+    dropped: int = Field(
+        description="Bytes from the asked offset on that had left the kept window "
+        "(`max_output_bytes`) before this read: `offset` minus the asked offset."
+    )
     process: ProcessOut
 
 
 class StdinIn(_Model):
     """Bytes for the process's stdin: ``data`` (UTF-8) or ``data_b64``; ``close`` then closes it."""
 
-    data: str | None = None
-    data_b64: str | None = None
-    close: bool = False
+    data: str | None = Field(None, description="Text (UTF-8). Give this or data_b64.")
+    data_b64: str | None = Field(None, description="Raw bytes (base64).")
+    close: bool = Field(False, description="Then close stdin (EOF); the bytes are written first.")
 
 
 class SignalIn(_Model):
     """A signal for the whole tree (default SIGTERM, then SIGKILL after ``grace_ms``)."""
 
-    signal: int = Field(15, ge=1, le=64)
-    grace_ms: int = Field(500, ge=0, le=60_000)
+    signal: int = Field(
+        15,
+        ge=1,
+        le=64,
+        description="Sent to the process group and every descendant (however detached).",
+    )
+    grace_ms: int = Field(
+        500,
+        ge=0,
+        le=60_000,
+        description="SIGTERM only: then SIGKILL whatever is left after this many ms.",
+    )
 
 
 def process_out(entry: processes.Entry, st: KeptStatus) -> ProcessOut:

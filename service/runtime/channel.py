@@ -56,6 +56,10 @@ class Unavailable(Exception):
     """No channel to talk to; nothing was sent."""
 
 
+class Full(Unavailable):
+    """The supervisor refused a keeper: it keeps its maximum (``MAX_KEEPERS``) already."""
+
+
 def socket_path_in_sandbox() -> str:
     """Where the supervisor connects, inside the sandbox."""
     return f"{CHANNEL_MOUNT}/{SOCKET_NAME}"
@@ -139,14 +143,16 @@ class ControlChannel:
         """A handler that may become a keeper (``spawn``). Raises ``Unavailable`` (no
         channel, or the supervisor keeps its maximum of processes already: then nothing
         fails for good)."""
-        return self._handoff(b"K", "the supervisor keeps its maximum of processes")
+        return self._handoff(b"K", "the supervisor keeps its maximum of processes", Full)
 
     def attach(self, handle: int) -> socket.socket:
         """A connected socket to keeper ``handle``. Raises ``Unavailable`` when no such
         keeper lives (released, or its sandbox restarted)."""
-        return self._handoff(b"A" + struct.pack(">I", handle), f"no kept process {handle}")
+        return self._handoff(
+            b"A" + struct.pack(">I", handle), f"no kept process {handle}", Unavailable
+        )
 
-    def _handoff(self, message: bytes, refusal: str) -> socket.socket:
+    def _handoff(self, message: bytes, refusal: str, refused: type[Unavailable]) -> socket.socket:
         with self._lock:
             if self._dead:
                 raise Unavailable("the channel failed before")
@@ -159,7 +165,7 @@ class ControlChannel:
                 self._fail()
                 raise Unavailable(f"no answer from the supervisor: {e}") from None
             if msg == b"E" and not fds:
-                raise Unavailable(refusal)
+                raise refused(refusal)
             if len(fds) != 1:
                 for fd in fds:
                     os.close(fd)

@@ -31,6 +31,7 @@ from service.runtime.protocol import (
     with_identity,
 )
 
+MAX_KEPT = 64  # keepers per sandbox (``MAX_KEEPERS`` in crucible-exec.c)
 MARK_FD = 63  # the keeper's mark pipe in a session: the shell writes "$?\n" per prompt
 OP_TIMEOUT_S = 10.0  # an op that does not wait is answered within microseconds
 MAX_WAIT_S = 600.0
@@ -98,8 +99,22 @@ def _status(kv: dict[str, str]) -> KeptStatus:
     )
 
 
+class ShellState(Conflict):
+    """A session's shell cannot take a ``prun`` now: ``state`` is the keeper's word for why
+    (``busy run``, ``busy keys``, ``busy foreground <pgid>``, ``partial``, ``exited <code>``);
+    ``service.sessions`` says it in words."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"the shell cannot run a command now: {state}")
+        self.state = state
+
+
 def _raise(payload: bytes) -> None:
     kind, _, message = payload.decode("utf-8", "replace").partition("\n")
+    if kind == "shell":
+        raise ShellState(message)
+    if kind == "exec":  # a spawn whose command could not be executed
+        raise InvalidRequest(f"cannot execute {message}", field="cmd")
     if kind in ("state", "busy", "channel"):
         raise Conflict(message)
     if kind in ("request", "cwd", "user"):
@@ -140,18 +155,27 @@ def spawn(
     rows: int = 24,
     cols: int = 80,
     marks: bool = False,
+    sandbox_id: str | None = None,
 ) -> tuple[int, int]:
     """Start ``request`` kept (``max_output_bytes`` = ring bytes per stream); returns
-    ``(handle, pid)``. Raises ``Conflict`` (no channel, or 64 processes kept already),
-    ``InvalidRequest`` (bad cwd/user/fields), ``SandboxError``."""
+    ``(handle, pid)``. Raises ``Conflict`` (no channel, or ``MAX_KEPT`` kept already),
+    ``InvalidRequest`` (bad cwd/user/fields; a command that cannot be executed: field
+    ``cmd``), ``SandboxError``. ``sandbox_id`` names the sandbox in errors."""
     control, user = runtime.keeper_channel(container_id)
     record = with_identity(
         encode_spawn(request, pty=pty, rows=rows, cols=cols, marks=marks), request.user or user
     )
+    where = f"sandbox {sandbox_id}" if sandbox_id else container_id
     try:
         sock = control.open_keeper()
+    except channel.Full:
+        raise Conflict(
+            f"{where} keeps {MAX_KEPT} processes and sessions already, the most it may: one "
+            "that ended still counts until it is released (DELETE "
+            ".../processes/{handle} or .../sessions/{session_id})"
+        ) from None
     except channel.Unavailable as e:
-        raise Conflict(f"cannot keep another process in {container_id}: {e}") from None
+        raise Conflict(f"cannot keep another process in {where}: {e}") from None
     _, kv = _exchange(sock, record, timeout_s=OP_TIMEOUT_S, what=f"spawn in {container_id}")
     try:
         return int(kv["handle"]), int(kv["pid"])
@@ -166,6 +190,7 @@ def _op(
     op: str,
     *,
     wait_s: float = 0.0,
+    answer_s: float = OP_TIMEOUT_S,
     **fields: Any,
 ) -> tuple[bytes, dict[str, str]]:
     if not 0 <= wait_s <= MAX_WAIT_S:
@@ -178,14 +203,15 @@ def _op(
     except channel.Unavailable:
         raise NotFound(f"no process {handle} in this sandbox", field="handle") from None
     record = encode_keeper_op(op, wait_ms=round(wait_s * 1000) if wait_s else None, **fields)
-    return _exchange(
-        sock, record, timeout_s=OP_TIMEOUT_S + wait_s, what=f"{op} on process {handle}"
-    )
+    return _exchange(sock, record, timeout_s=answer_s + wait_s, what=f"{op} on process {handle}")
 
 
-def status(runtime: KeeperRuntime, container_id: str, handle: int) -> KeptStatus:
-    """The process's state. ``NotFound`` for an unknown (or released) handle."""
-    return _status(_op(runtime, container_id, handle, "pstatus")[1])
+def status(
+    runtime: KeeperRuntime, container_id: str, handle: int, *, answer_s: float = OP_TIMEOUT_S
+) -> KeptStatus:
+    """The process's state. ``NotFound`` for an unknown (or released) handle; ``Conflict``
+    when its keeper does not answer within ``answer_s`` seconds (stopped in the sandbox)."""
+    return _status(_op(runtime, container_id, handle, "pstatus", answer_s=answer_s)[1])
 
 
 def _output(data: bytes, kv: dict[str, str]) -> KeptOutput:
@@ -225,16 +251,22 @@ def write(
     runtime: KeeperRuntime, container_id: str, handle: int, data: bytes, *, close: bool = False
 ) -> KeptStatus:
     """Queue ``data`` for the process's stdin (``close``: then close it; on a terminal, send
-    ^D). ``Conflict`` when stdin is closed or 1 MiB is still unread."""
+    ^D). ``Conflict`` when stdin is closed or 1 MiB is still unread; ``ShellState``
+    (``exited <code>``) for a session whose shell exited. In a session, keys that end a
+    line make ``run_line`` wait until the shell prompts again with nothing left unread."""
     return _status(_op(runtime, container_id, handle, "pwrite", data=data, close_stdin=close)[1])
 
 
 def run_line(
     runtime: KeeperRuntime, container_id: str, handle: int, line: bytes, *, wait_s: float
 ) -> KeptOutput:
-    """Write ``line`` to a session's shell and answer when its next prompt is reported
-    (``done``) or after ``wait_s`` seconds (``timed_out``); the output is everything the
-    terminal showed meanwhile (the echo included), ``status.last_rc`` the exit code."""
+    """Write ``line`` to a session's shell once it is idle at its prompt, and answer when its
+    next prompt is reported (``done``), the shell exited, or after ``wait_s`` seconds
+    (``timed_out``); the output is everything the terminal showed meanwhile (the echo
+    included), ``status.last_rc`` the exit code. Raises ``ShellState`` (nothing written)
+    when the shell exited, or is still busy after 1 s (at most ``wait_s``): an earlier
+    run's command runs, keys ended a line it has not prompted after, another process group
+    holds the terminal; or (pipes) keys left a partly typed line."""
     data, kv = _op(runtime, container_id, handle, "prun", wait_s=wait_s, data=line)
     return _output(data, kv)
 

@@ -606,8 +606,22 @@ static void refuse_fallocate(void) {
 }
 
 /* In the forked child: become a session leader, wire stdio, apply cwd/env, exec. */
+/* What a child reports on its close-on-exec report pipe before it exits: the stage that
+ * failed and its errno. Nothing comes when the exec succeeded (the pipe just closes). */
+#define REPORT_CWD 1
+#define REPORT_EXEC 2 /* only when asked (`report_exec`, a spawn): an exec answers 127 */
+struct child_report {
+    int stage, err;
+};
+
+static void child_report(int report_fd, int stage) {
+    struct child_report r = {.stage = stage, .err = errno};
+    (void)!write(report_fd, &r, sizeof r);
+    errno = r.err;
+}
+
 static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_fd,
-                       int report_fd, int obs_fd) {
+                       int report_fd, int obs_fd, int report_exec) {
     sigset_t none;
     sigemptyset(&none);
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
@@ -626,8 +640,7 @@ static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_
         }
     }
     if (rq->cwd && chdir(rq->cwd) < 0) {
-        int e = errno;
-        (void)!write(report_fd, &e, sizeof e);
+        child_report(report_fd, REPORT_CWD);
         _exit(126);
     }
     for (size_t i = 0; i < rq->envc; i++) {
@@ -636,9 +649,11 @@ static void child_exec(const struct request *rq, int in_fd, int out_fd, int err_
     }
     if (rq->shell) {
         execl("/bin/sh", "sh", "-c", rq->shell, (char *)NULL);
+        if (report_exec) child_report(report_fd, REPORT_EXEC);
         child_fail("exec", "/bin/sh", errno == ENOENT ? 127 : 126);
     }
     execvp(rq->argv[0], rq->argv);
+    if (report_exec) child_report(report_fd, REPORT_EXEC);
     child_fail("exec", rq->argv[0], errno == ENOENT || errno == ENOTDIR ? 127 : 126);
 }
 
@@ -906,22 +921,22 @@ static int run_exec(const struct request *rq, struct sink *s) {
         emit_error(s, "spawn", "fork: %s", strerror(errno));
         return 1;
     }
-    if (st.pid == 0) child_exec(rq, in[0], out[1], err[1], report[1], obs[1]);
+    if (st.pid == 0) child_exec(rq, in[0], out[1], err[1], report[1], obs[1], 0);
     close(out[1]);
     close(err[1]);
     close(report[1]);
     if (obs[1] >= 0) close(obs[1]);
     if (in[0] >= 0) close(in[0]);
 
-    int cwd_errno = 0;
+    struct child_report rep;
     ssize_t rn;
-    while ((rn = read(report[0], &cwd_errno, sizeof cwd_errno)) < 0 && errno == EINTR) {
+    while ((rn = read(report[0], &rep, sizeof rep)) < 0 && errno == EINTR) {
     }
     close(report[0]);
-    if (rn == (ssize_t)sizeof cwd_errno) {
+    if (rn == (ssize_t)sizeof rep) {
         waitpid(st.pid, NULL, 0);
         if (obs[0] >= 0) close(obs[0]);
-        emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(cwd_errno));
+        emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(rep.err));
         return 1;
     }
     char started[32];
@@ -1259,6 +1274,7 @@ static int become(const struct request *rq, char *err, size_t errlen) {
 #define MARK_FD 63          /* sessions: the shell reports each prompt's $? here */
 #define KEEP_STDIN_MAX (1u << 20) /* stdin bytes buffered while the process does not read */
 #define KEEP_MAX_WAITERS 32
+#define KEEP_BUSY_WAIT_MS 1000 /* a prun waits this long at most for a busy shell's prompt */
 #define KEEP_MAX_OUTPUT (64u << 20)
 
 static int keeper_priv_fd = -1; /* set in a 'K' handler: this handler may become a keeper */
@@ -1309,11 +1325,15 @@ static uint64_t ring_emit(const struct ring *r, struct sink *s, char type, uint6
 
 struct waiter {
     int fd;        /* the client's connection */
-    int kind;      /* 1 pread: new bytes past `offset` or exit; 2 prun: mark `target` */
-    uint64_t until; /* ms, monotonic */
+    int kind;      /* 1 pread: new bytes past `offset` or exit; 2 prun: mark `target`;
+                    * 3 prun not written yet: waits for the shell to be idle (`keeper_busy`) */
+    uint64_t until; /* ms, monotonic (kind 3: when it gives up and answers busy) */
     uint64_t offset, start;
     unsigned target;
     int err_stream;
+    uint64_t run_until;  /* kind 3: the run's own deadline once written */
+    unsigned char *line; /* kind 3: the command line to write (owned) */
+    size_t line_len;
 };
 
 struct keeper {
@@ -1326,13 +1346,19 @@ struct keeper {
     size_t pend_len;
     int close_after; /* close stdin once the pending bytes are written */
     unsigned marks;  /* lines read from the mark pipe */
-    unsigned expect; /* the mark that ends the last command prun wrote (a timed-out one too) */
+    unsigned expect; /* the mark that ends the last command prun wrote (a timed-out one too):
+                      * while marks < expect that command runs, and no prun writes */
+    /* Keys (pwrite) in a session since the shell last prompted with nothing typed unread:
+     * `typed_eol` a line end (the shell runs that line, or waits for the rest of it: PS2),
+     * `typed_tail` bytes after the last line end (a partly typed line). */
+    int typed_eol, typed_tail;
     int last_rc;
     uint64_t mark_offset; /* out.total when the last mark arrived */
     char markbuf[64];
     size_t marklen;
     struct waiter w[KEEP_MAX_WAITERS];
     int nw;
+    int release_fd; /* prelease's connection, answered once the keeper is gone */
 };
 
 static int recv_fd(int sock) {
@@ -1493,14 +1519,42 @@ static void keeper_drain(struct keeper *kp) {
     }
 }
 
+/* Bytes written to a session's shell that it has not read yet: the keeper's buffer and the
+ * kernel's queue (a terminal's input queue, through a fresh descriptor of its slave side:
+ * in canonical mode that counts whole lines only; a pipe's unread bytes). */
+static int keeper_input_queued(struct keeper *kp) {
+    int n = 0;
+    if (kp->pend_len) return 1;
+    if (kp->pty) {
+        if (kp->master < 0) return 0;
+#ifdef TIOCGPTPEER
+        int fd = ioctl(kp->master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+#else
+        int fd = -1;
+#endif
+        if (fd < 0) {
+            char *name = ptsname(kp->master);
+            fd = name ? open(name, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC) : -1;
+        }
+        if (fd < 0) return 0;
+        if (ioctl(fd, FIONREAD, &n) < 0) n = 0;
+        close(fd);
+    } else if (kp->in_fd >= 0 && ioctl(kp->in_fd, FIONREAD, &n) < 0) {
+        n = 0;
+    }
+    return n > 0;
+}
+
 static void keeper_read_marks(struct keeper *kp) {
     char buf[256];
+    if (kp->mark_fd < 0) return;
     ssize_t n = read(kp->mark_fd, buf, sizeof buf);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
         close(kp->mark_fd);
         kp->mark_fd = -1;
         return;
     }
+    if (n < 0) return;
     /* The output written before the prompt is in the terminal's queue: read it first (a
      * read of the master flushes the pty's pending work), so the mark's offset covers it. */
     keeper_drain(kp);
@@ -1514,6 +1568,45 @@ static void keeper_read_marks(struct keeper *kp) {
         kp->marklen = 0;
         kp->marks++;
         kp->mark_offset = kp->out.total;
+    }
+    /* The shell prompted: what keys typed before is done with, unless some of it is still
+     * unread (typeahead: the shell reads and runs it next). On a pipe, a partly typed line
+     * a command read is gone too; on a terminal a run erases one anyway (prun). */
+    if ((kp->typed_eol || (kp->typed_tail && !kp->pty)) && !keeper_input_queued(kp)) {
+        kp->typed_eol = 0;
+        if (!kp->pty) kp->typed_tail = 0;
+    }
+}
+
+/* Why a session's shell cannot take a command line now (0: it is idle at its prompt, as
+ * far as the keeper can see): 1 an earlier prun's command runs; 2 keys ended a line and
+ * the shell has not prompted since; 3 (a terminal) another process group is in the
+ * foreground, its id in `*fg`. */
+static int keeper_busy(struct keeper *kp, int *fg) {
+    keeper_read_marks(kp);
+    if (kp->marks < kp->expect) return 1;
+    if (kp->typed_eol) return 2;
+    if (kp->pty && kp->master >= 0) {
+        pid_t pg = tcgetpgrp(kp->master);
+        if (pg > 0 && pg != kp->pid) {
+            *fg = (int)pg;
+            return 3;
+        }
+    }
+    return 0;
+}
+
+static void keeper_busy_error(struct keeper *kp, struct sink *s) {
+    int fg = 0, why = keeper_busy(kp, &fg);
+    if (kp->exited) {
+        int sig = WIFSIGNALED(kp->status) ? WTERMSIG(kp->status) : 0;
+        emit_error(s, "shell", "exited %d", sig ? 128 + sig : WEXITSTATUS(kp->status));
+    } else if (why == 1) {
+        emit_error(s, "shell", "busy run");
+    } else if (why == 2) {
+        emit_error(s, "shell", "busy keys");
+    } else {
+        emit_error(s, "shell", "busy foreground %d", fg);
     }
 }
 
@@ -1529,6 +1622,29 @@ static void keeper_reply_read(struct keeper *kp, struct waiter *w) {
              (unsigned long long)(start - (w->offset < start ? w->offset : start)),
              now_ms() >= w->until && r->total <= w->offset && !kp->exited);
     emit(&s, 'R', buf, strlen(buf));
+}
+
+static int keeper_queue(struct keeper *kp, const unsigned char *data, size_t len, int close_after,
+                        struct sink *s);
+
+/* Write a prun's line (erasing a partly typed one first, on a terminal) and make `w` wait
+ * for the prompt after it. Returns -1 (an error answered on `s`) when it cannot be queued. */
+static int keeper_start_run(struct keeper *kp, struct waiter *w, struct sink *s) {
+    static const unsigned char erase[] = {0x05, 0x15}; /* C-e C-u: to the end, kill the line */
+    keeper_drain(kp);
+    if (kp->pty && kp->typed_tail) {
+        if (keeper_queue(kp, erase, sizeof erase, 0, s) < 0) return -1;
+        kp->typed_tail = 0;
+    }
+    if (keeper_queue(kp, w->line, w->line_len, 0, s) < 0) return -1;
+    free(w->line);
+    w->line = NULL;
+    w->kind = 2;
+    w->start = kp->out.total;
+    w->target = kp->marks + 1;
+    w->until = w->run_until;
+    kp->expect = w->target;
+    return 0;
 }
 
 static void keeper_reply_run(struct keeper *kp, struct waiter *w) {
@@ -1552,13 +1668,32 @@ static void keeper_wake(struct keeper *kp) {
     for (int i = 0; i < kp->nw;) {
         struct waiter *w = &kp->w[i];
         struct ring *r = w->err_stream ? &kp->err : &kp->out;
+        int fg = 0;
+        if (w->kind == 3) { /* a prun waiting for its shell to be idle */
+            struct sink s = {.fd = w->fd, .broken = 0};
+            if (!kp->exited && !keeper_busy(kp, &fg)) {
+                if (keeper_start_run(kp, w, &s) == 0) {
+                    i++;
+                    continue;
+                }
+            } else if (!kp->exited && t < w->until) {
+                i++;
+                continue;
+            } else {
+                keeper_busy_error(kp, &s);
+            }
+            free(w->line);
+            close(w->fd);
+            kp->w[i] = kp->w[--kp->nw];
+            continue;
+        }
         int ready = w->kind == 1 ? r->total > w->offset || kp->exited
                                  : kp->marks >= w->target || kp->exited;
         if (!ready && t < w->until) {
             i++;
             continue;
         }
-        if (w->kind == 2 && !ready) keeper_drain(kp);
+        if (w->kind == 2 && (!ready || kp->exited)) keeper_drain(kp);
         if (w->kind == 1) keeper_reply_read(kp, w);
         else keeper_reply_run(kp, w);
         close(w->fd);
@@ -1576,24 +1711,40 @@ static void keeper_add_waiter(struct keeper *kp, struct waiter w) {
     kp->w[kp->nw++] = w;
 }
 
-static int keeper_queue_stdin(struct keeper *kp, const struct request *rq, struct sink *s) {
-    if (kp->in_fd < 0 && rq->stdin_len) {
+static int keeper_queue(struct keeper *kp, const unsigned char *data, size_t len, int close_after,
+                        struct sink *s) {
+    if (kp->in_fd < 0 && len) {
         emit_error(s, "state", "stdin is closed");
         return -1;
     }
-    if (kp->pend_len + rq->stdin_len > KEEP_STDIN_MAX) {
+    if (kp->pend_len + len > KEEP_STDIN_MAX) {
         emit_error(s, "busy", "stdin has %zu bytes the process has not read yet (limit %u)",
                    kp->pend_len, KEEP_STDIN_MAX);
         return -1;
     }
-    if (rq->stdin_len) {
+    if (len) {
         if (!kp->pend) kp->pend = xmalloc(KEEP_STDIN_MAX);
-        memcpy(kp->pend + kp->pend_len, rq->stdin_data, rq->stdin_len);
-        kp->pend_len += rq->stdin_len;
+        memcpy(kp->pend + kp->pend_len, data, len);
+        kp->pend_len += len;
     }
-    if (rq->close_stdin) kp->close_after = 1;
+    if (close_after) kp->close_after = 1;
     keeper_pump_in(kp);
     return 0;
+}
+
+/* Keys for a session's shell: note what they typed (see `typed_eol`). Line ends are CR and
+ * LF (bash ends a line at either, on a pipe too), and on a terminal C-o (readline's
+ * operate-and-get-next). */
+static void keeper_note_typed(struct keeper *kp, const unsigned char *data, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = data[i];
+        if (c == '\n' || c == '\r' || (kp->pty && c == 0x0f)) {
+            kp->typed_eol = 1;
+            kp->typed_tail = 0;
+        } else {
+            kp->typed_tail = 1;
+        }
+    }
 }
 
 /* One op on a kept process, from a connection the idle supervisor passed. Returns 1 when
@@ -1624,21 +1775,47 @@ static int keeper_serve(struct keeper *kp, int conn) {
         keep_open = 1;
         keeper_add_waiter(kp, w);
     } else if (strcmp(rq.op, "pwrite") == 0) {
-        if (keeper_queue_stdin(kp, &rq, &s) == 0) {
+        int session = kp->mark_fd >= 0 || kp->marks;
+        if (session) {
+            keeper_read_marks(kp); /* prompts before these keys are not theirs */
+            keeper_reap(kp);
+        }
+        if (session && kp->exited) { /* a pipe's write end may still be open: say why */
+            keeper_busy_error(kp, &s);
+        } else if (keeper_queue(kp, rq.stdin_data, rq.stdin_len, rq.close_stdin, &s) == 0) {
+            if (session) keeper_note_typed(kp, rq.stdin_data, rq.stdin_len);
             keeper_status(kp, buf, sizeof buf);
             emit(&s, 'R', buf, strlen(buf));
         }
-    } else if (strcmp(rq.op, "prun") == 0) { /* write a command line; answer at the mark */
+    } else if (strcmp(rq.op, "prun") == 0) {
+        /* Write a command line once the shell is idle at its prompt, and answer at the
+         * prompt after it: so that prompt is this line's. A shell still busy after
+         * KEEP_BUSY_WAIT_MS (or the run's own wait, if shorter) is answered `shell busy`,
+         * the line unwritten. */
         keeper_drain(kp);
-        unsigned base = kp->marks > kp->expect ? kp->marks : kp->expect;
-        struct waiter w = {.fd = conn, .kind = 2, .until = until, .start = kp->out.total,
-                           .target = base + 1};
+        keeper_reap(kp);
+        int fg = 0;
         if (kp->mark_fd < 0 && !kp->marks) {
             emit_error(&s, "state", "this process reports no prompts (not a session)");
-        } else if (keeper_queue_stdin(kp, &rq, &s) == 0) {
-            kp->expect = w.target; /* a later prun answers after this command's prompt */
-            keep_open = 1;
-            keeper_add_waiter(kp, w);
+        } else if (kp->exited) {
+            keeper_busy_error(kp, &s);
+        } else if (!kp->pty && kp->typed_tail) {
+            emit_error(&s, "shell", "partial");
+        } else if (kp->nw >= KEEP_MAX_WAITERS) {
+            emit_error(&s, "busy", "%d reads are already waiting on this process",
+                       KEEP_MAX_WAITERS);
+        } else {
+            uint64_t grace = now_ms() + KEEP_BUSY_WAIT_MS;
+            struct waiter w = {.fd = conn, .kind = 3, .until = grace < until ? grace : until,
+                               .run_until = until, .line = xmalloc(rq.stdin_len ? rq.stdin_len : 1),
+                               .line_len = rq.stdin_len};
+            memcpy(w.line, rq.stdin_data, rq.stdin_len);
+            if (keeper_busy(kp, &fg) || keeper_start_run(kp, &w, &s) == 0) {
+                keep_open = 1;
+                keeper_add_waiter(kp, w);
+            } else {
+                free(w.line);
+            }
         }
     } else if (strcmp(rq.op, "psignal") == 0) {
         int sig = (int)rq.signo;
@@ -1663,7 +1840,8 @@ static int keeper_serve(struct keeper *kp, int conn) {
             emit(&s, 'R', "ok=1\n", 5);
     } else if (strcmp(rq.op, "prelease") == 0) {
         signal_tree(kp, kp->pty ? SIGHUP : SIGTERM, rq.grace_ms); /* a shell ignores TERM */
-        emit(&s, 'R', "ok=1\n", 5);
+        kp->release_fd = conn; /* answered by keeper_loop once this keeper's slot is free */
+        keep_open = 1;
         quit = 1;
     } else {
         emit_error(&s, "request", "unknown op %s for a kept process", rq.op);
@@ -1722,6 +1900,14 @@ static void keeper_loop(struct keeper *kp, int priv) {
         keeper_wake(kp);
     }
     signal_tree(kp, SIGKILL, 0);
+    /* Free this keeper's slot in the idle supervisor (it sees the private socket hang up,
+     * and handles that before a control byte sent after it) before a release is answered:
+     * a `spawn` right after the answer finds the room. */
+    close(priv);
+    if (kp->release_fd >= 0) {
+        struct sink s = {.fd = kp->release_fd, .broken = 0};
+        emit(&s, 'R', "ok=1\n", 5);
+    }
     _exit(0);
 }
 
@@ -1739,7 +1925,7 @@ static int run_spawn(const struct request *rq, struct sink *s) {
     }
     struct keeper *kp = xmalloc(sizeof *kp);
     memset(kp, 0, sizeof *kp);
-    kp->out_fd = kp->err_fd = kp->master = kp->in_fd = kp->mark_fd = -1;
+    kp->out_fd = kp->err_fd = kp->master = kp->in_fd = kp->mark_fd = kp->release_fd = -1;
     kp->pty = rq->pty;
     kp->last_rc = -1;
     int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1}, report[2], mark[2] = {-1, -1};
@@ -1775,8 +1961,8 @@ static int run_spawn(const struct request *rq, struct sink *s) {
     if (kp->pid == 0) {
         close(priv);
         if (mark[1] >= 0 && dup2(mark[1], MARK_FD) < 0) _exit(125);
-        if (rq->pty) child_exec(rq, slave, slave, slave, report[1], -1);
-        child_exec(rq, in[0], out[1], err[1], report[1], -1);
+        if (rq->pty) child_exec(rq, slave, slave, slave, report[1], -1, 1);
+        child_exec(rq, in[0], out[1], err[1], report[1], -1, 1);
     }
     close(report[1]);
     if (slave >= 0) close(slave);
@@ -1790,14 +1976,18 @@ static int run_spawn(const struct request *rq, struct sink *s) {
         kp->in_fd = in[1];
     }
     kp->mark_fd = mark[0];
-    int cwd_errno = 0;
+    struct child_report rep;
     ssize_t rn;
-    while ((rn = read(report[0], &cwd_errno, sizeof cwd_errno)) < 0 && errno == EINTR) {
+    while ((rn = read(report[0], &rep, sizeof rep)) < 0 && errno == EINTR) {
     }
     close(report[0]);
-    if (rn == (ssize_t)sizeof cwd_errno) {
+    if (rn == (ssize_t)sizeof rep) {
         waitpid(kp->pid, NULL, 0);
-        emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(cwd_errno));
+        if (rep.stage == REPORT_CWD)
+            emit_error(s, "cwd", "cwd %s: %s", rq->cwd, strerror(rep.err));
+        else
+            emit_error(s, "exec", "%s: %s", rq->shell ? "/bin/sh" : rq->argv[0],
+                       strerror(rep.err));
         return 1;
     }
     int fds[] = {kp->out_fd, kp->err_fd, kp->master, kp->in_fd, kp->mark_fd};

@@ -32,7 +32,7 @@ def test_the_terminus_agent_scores_one_through_send_keys_alone(stack: Stack) -> 
     key = stack.alice.headers["authorization"].split(" ", 1)[1]
     record = agent.run_agent(stack.url, key, task=TASK)
     assert (record.reward, record.verifier.status, record.stop_reason) == (1.0, "ok", "complete")
-    assert record.policy.version == "1+promptterminus-1"
+    assert record.policy.version == "1+promptterminus-2"
     turns = record.turns
     assert len(turns) == 3
     # turn 0 typed the solution (setup, mkdir, one heredoc per file), turn 1 ran it, turn 2
