@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from policy_client import AsyncClient, Client
-from policy_client.policies.base import EpisodeContext, PolicyAction, PolicyRequest
+from policy_client.policies.base import EpisodeContext, Policy, PolicyAction, PolicyRequest
 from policy_client.rollout import RolloutConfig, RolloutRunner
 from policy_client.schemas import RewardRecord
 
@@ -112,18 +112,12 @@ class TerminusScriptPolicy:
         self._typing.pop(episode_id, None)
 
 
-def run_agent(
-    url: str | None,
-    api_key: str | None,
-    *,
-    task: str = DEFAULT_TASK,
-    suite_dir: Path = SUITE_DIR,
-    max_turns: int = 8,
+def run_session_job(
+    url: str | None, api_key: str | None, policy: Policy, *, task: str, max_turns: int = 8
 ) -> RewardRecord:
-    """Run one session episode of ``task`` (suite ``terminal``) with the scripted policy
-    through a rollout job; returns its reward record. Raises ``RuntimeError`` when the job
-    produced no record."""
-    policy = TerminusScriptPolicy(suite_dir)
+    """Run one session episode of ``task`` (suite ``terminal``) with ``policy`` through a
+    rollout job (``RolloutConfig(mode="session")``); returns its reward record. Raises
+    ``RuntimeError`` when the job produced no record."""
     with Client(url, api_key) as client:
         job = client.create_job(
             suite="terminal",
@@ -146,6 +140,20 @@ def run_agent(
     if not records:
         raise RuntimeError(f"job {job.id} produced no record")
     return records[0]
+
+
+def run_agent(
+    url: str | None,
+    api_key: str | None,
+    *,
+    task: str = DEFAULT_TASK,
+    suite_dir: Path = SUITE_DIR,
+    max_turns: int = 8,
+) -> RewardRecord:
+    """Run one session episode of ``task`` with the scripted Terminus policy
+    (``run_session_job``); returns its reward record."""
+    policy = TerminusScriptPolicy(suite_dir)
+    return run_session_job(url, api_key, policy, task=task, max_turns=max_turns)
 
 
 def main(argv: list[str] | None = None) -> int:

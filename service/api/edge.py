@@ -27,7 +27,6 @@ sees a request (pure ASGI, outermost).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Callable
 from urllib.parse import parse_qsl
@@ -36,7 +35,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import logs
-from service.api.problems import PROBLEM, problem_body
+from service.api.problems import send_problem
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Set in the scope when the body's idle deadline passed: the inner layers (access log,
@@ -171,14 +170,4 @@ async def _answer(
     if rid is None:
         incoming = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
         rid = logs.accept_request_id(incoming.decode("latin-1") if incoming else None)
-    body = problem_body(status, title, detail, instance=scope["path"], field=field)
-    payload = json.dumps({**body, "request_id": rid}).encode()
-    headers = [
-        (b"content-type", PROBLEM.encode()),
-        (b"content-length", str(len(payload)).encode()),
-        (b"x-request-id", rid.encode()),
-    ]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_problem(scope, send, status, title, detail, field=field, close=close, request_id=rid)

@@ -24,13 +24,12 @@ A refused request never reaches a route, so nothing stored changes.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.problems import PROBLEM, problem_body
+from service.api.problems import send_problem
 
 # Routes that stream their body themselves under their own limit (method, path pattern).
 _OWN_LIMIT = ((b"PUT", re.compile(r"^/v1/sandboxes/[^/]+/files$")),)
@@ -195,18 +194,4 @@ def replay(body: bytes, receive: Receive, *, more: bool = False) -> Receive:
 async def _refuse(
     scope: Scope, send: Send, status: int, title: str, detail: str, *, field: str = "body"
 ) -> None:
-    payload = json.dumps(
-        problem_body(status, title, detail, instance=scope["path"], field=field)
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", PROBLEM.encode()),
-                (b"content-length", str(len(payload)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+    await send_problem(scope, send, status, title, detail, field=field, close=True)

@@ -3,6 +3,7 @@ declarations (``error_responses(...)`` on each route, the ``Problem`` schema in 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -72,6 +73,33 @@ def problem_body(
     if rid is not None:
         body["request_id"] = rid
     return body
+
+
+async def send_problem(
+    scope: Any,
+    send: Any,
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    field: str | None,
+    close: bool = False,
+    request_id: str | None = None,
+) -> None:
+    """Answer a problem+json straight on an ASGI ``send`` (for middlewares that answer
+    before any route runs). ``close``: add ``Connection: close``; ``request_id``: carry it
+    in the body and in ``X-Request-ID`` (a layer outside ``RequestIdMiddleware``)."""
+    body = problem_body(status, title, detail, instance=scope["path"], field=field)
+    headers = [(b"content-type", PROBLEM.encode())]
+    if request_id is not None:
+        body["request_id"] = request_id
+        headers.append((b"x-request-id", request_id.encode()))
+    payload = json.dumps(body).encode()
+    headers.append((b"content-length", str(len(payload)).encode()))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def problem(

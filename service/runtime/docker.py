@@ -1813,25 +1813,27 @@ class DockerRuntime:
         deadline = time.monotonic() + COMMIT_OUTWAIT_S
         while time.monotonic() < deadline:
             try:
-                return self._api.inspect_image(ref)["Id"]
-            except docker.errors.ImageNotFound:
-                pass
-            except Exception:  # noqa: BLE001 - the engine is slow: ask again
+                made = self._image_id(ref)
+                if made is not None:
+                    return made
+                if not self._api.inspect_container(container_id)["State"].get("Paused"):
+                    return self._image_id(ref)  # the commit ended: just made it, or failed
+            except docker.errors.NotFound:
+                return None  # the container is gone
+            except Exception as e:  # noqa: BLE001 - the engine is slow: ask again
+                log.info("container %s: waiting out a commit, the engine: %s", container_id, e)
                 time.sleep(1.0)
                 continue
-            try:
-                paused = self._api.inspect_container(container_id)["State"].get("Paused")
-            except docker.errors.NotFound:
-                return None
-            except Exception:  # noqa: BLE001 - the engine is slow: ask again
-                paused = True
-            if not paused:  # the commit ended: made the image just now, or failed
-                with contextlib.suppress(docker.errors.ImageNotFound):
-                    return self._api.inspect_image(ref)["Id"]
-                return None
             time.sleep(0.5)
         log.warning("container %s: the engine's commit of %s outlasted the wait", container_id, ref)
         return None
+
+    def _image_id(self, ref: str) -> str | None:
+        """``ref``'s image id, or None when the engine has no such image."""
+        try:
+            return self._api.inspect_image(ref)["Id"]
+        except docker.errors.ImageNotFound:
+            return None
 
     def unstartable(self, image: str, *, workdir: str) -> str | None:
         """Why a container of the snapshot ``image`` cannot be started, judged from what the

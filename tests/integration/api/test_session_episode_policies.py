@@ -7,7 +7,9 @@ the real task image and verifier."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +28,18 @@ SUITE_DIR = Path(__file__).resolve().parents[3] / "tasks" / "terminal"
 TASK = "access-log-top-ips"
 
 
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "terminus_agent.py"
+
+
 def run_session_job(stack: Stack, policy: Any, *, max_turns: int = 6) -> RewardRecord:
+    """One session episode of ``TASK`` with ``policy``, through the example's job runner."""
+    spec = importlib.util.spec_from_file_location("terminus_agent", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules["terminus_agent"] = example
+    spec.loader.exec_module(example)
     key = stack.alice.headers["authorization"].split(" ", 1)[1]
-    with Client(stack.url, key) as client:
-        job = client.create_job(
-            suite="terminal",
-            task_ids=[TASK],
-            group_size=1,
-            policy={"name": policy.name, "version": policy.version},
-        )
-
-        async def go() -> list[RewardRecord]:
-            async with AsyncClient(stack.url, key) as aclient:
-                runner = RolloutRunner(
-                    aclient,
-                    policy,
-                    sync_client=client,
-                    config=RolloutConfig(mode="session", concurrency=1, max_turns=max_turns),
-                )
-                return [o.record for o in await runner.run_job(job.id)]
-
-        records = asyncio.run(go())
-    assert len(records) == 1
-    return records[0]
+    return example.run_session_job(stack.url, key, policy, task=TASK, max_turns=max_turns)
 
 
 def test_the_oracle_solves_a_task_in_session_mode(stack: Stack) -> None:
